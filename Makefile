@@ -1,0 +1,38 @@
+# Two commands a newcomer needs:  `make demo` (the main job, CPU, no API key)  and  `make test`.
+# Every target installs what it needs first; the stamps make a warm machine fast.
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.htam-installed
+DEMO_TASK ?= examples/softmax/cpu_naive.py
+
+.PHONY: demo test lint typecheck pytest editors clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned to the CPU build on disk: a bare `torch` could pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/htam optimize $(DEMO_TASK) --provider offline --device cpu --steps 6
+
+editors: $(STAMP)
+	bash editors/vscode/scripts/setup.sh
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+pytest: $(STAMP) editors
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

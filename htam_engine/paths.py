@@ -1,0 +1,26 @@
+"""Where HTAM keeps its files: `$HTAM_HOME`, else the user's data directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def home() -> Path:
+    """The HTAM home directory (created on first use)."""
+    override = os.environ.get("HTAM_HOME")
+    if override:
+        path = Path(override).expanduser()
+    else:
+        from platformdirs import user_data_dir
+
+        path = Path(user_data_dir("htam", appauthor=False))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def subdir(name: str) -> Path:
+    """A named directory under the HTAM home (created on first use)."""
+    path = home() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
