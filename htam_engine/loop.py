@@ -1,0 +1,383 @@
+"""The T-step HTAM loop (design, "Data flow of one step").
+
+state s_t -> global direction g_t (transition-aware) -> local strategy l_t -> candidate
+c_{t+1} (mechanical rewrite or LLM) -> verdict (isolated worker) -> memory update.
+
+Speedups are always normalised by the PyTorch reference timed in the same worker as
+the candidate: comparing two candidates timed in different workers on a noisy machine
+would mostly measure the noise, while the ratio to a reference measured alongside
+each one holds.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from htam_engine import parsing
+from htam_engine.evaluate import Verdict, evaluate
+from htam_engine.llm import Provider, count_tokens, extract_code, generation_prompt
+from htam_engine.memory import START, Graph, MemoryStore, Outcome
+from htam_engine.policy import (
+    EvidenceLocalSelector,
+    LLMLocalSelector,
+    LocalSelector,
+    PolicyConfig,
+    reward,
+    select_global,
+)
+from htam_engine.state import PathEntry, State
+from htam_engine.strategies import REGISTRY
+from htam_engine.task import Task
+
+Emit = Callable[[dict[str, Any]], None]
+TRAJECTORIES = "trajectories"
+
+
+@dataclass
+class LoopConfig:
+    steps: int = 6
+    device: str = "auto"
+    seed: int = 0
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    improve_margin: float = 1.02  # below this a "faster" candidate is timing noise
+
+
+@dataclass
+class StepRecord:
+    step: int
+    global_id: str
+    local_id: str
+    reason: str
+    status: str
+    reward: float
+    speedup: float | None  # over the starting implementation
+    decision: dict[str, Any]
+    local_decision: dict[str, Any]
+    verdict: dict[str, Any]
+    source: str
+    prompt_tokens: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "global": self.global_id,
+            "local": self.local_id,
+            "reason": self.reason,
+            "status": self.status,
+            "reward": self.reward,
+            "speedup": self.speedup,
+            "decision": self.decision,
+            "local_decision": self.local_decision,
+            "verdict": self.verdict,
+            "prompt_tokens": self.prompt_tokens,
+        }
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    task: str
+    backend: str
+    provider: str
+    start_verdict: dict[str, Any]
+    steps: list[StepRecord] = field(default_factory=list)
+    best_source: str = ""
+    best_step: int = 0  # 0 = the starting implementation
+    best_ref_speedup: float | None = None
+    start_ref_speedup: float | None = None
+    stopped: str = "completed"
+    output_dir: str = ""
+
+    @property
+    def correct(self) -> bool:
+        return self.best_ref_speedup is not None
+
+    @property
+    def best_speedup(self) -> float | None:
+        """Best correct implementation over the starting one."""
+        if self.best_ref_speedup is None or not self.start_ref_speedup:
+            return None
+        return self.best_ref_speedup / self.start_ref_speedup
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "task": self.task,
+            "backend": self.backend,
+            "provider": self.provider,
+            "correct": self.correct,
+            "best_speedup": self.best_speedup,
+            "ref_speedup": self.best_ref_speedup,
+            "best_step": self.best_step,
+            "stopped": self.stopped,
+            "output_dir": self.output_dir,
+            "start_verdict": self.start_verdict,
+            "best_source": self.best_source,
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+
+class Optimizer:
+    """Runs the loop for one task; every step's outcome is learned before the next."""
+
+    def __init__(
+        self,
+        task: Task,
+        start_source: str,
+        *,
+        provider: Provider | None,
+        store: MemoryStore,
+        config: LoopConfig,
+        emit: Emit = lambda event: None,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        self.task = task
+        self.provider = provider
+        self.store = store
+        self.config = config
+        self.emit = emit
+        self.cancel = cancel or threading.Event()
+        self.rng = random.Random(config.seed)
+        self.local_selector: LocalSelector = (
+            LLMLocalSelector(provider) if provider else EvidenceLocalSelector()
+        )
+        self.family = parsing.family(task.reference_source)
+        self.result = RunResult(
+            run_id=uuid.uuid4().hex[:12],
+            task=task.name,
+            backend=task.backend,
+            provider=provider.name if provider else "offline",
+            start_verdict={},
+            best_source=start_source,
+        )
+        self.prefix = [START] * config.policy.K
+        self.path: list[PathEntry] = []
+
+    # -- the loop -------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        start = self._evaluate(0, self.result.best_source)
+        self.result.start_verdict = start.to_json()
+        if start.correct and start.speedup:
+            self.result.start_ref_speedup = self.result.best_ref_speedup = start.speedup
+        for step in range(1, self.config.steps + 1):
+            if self.cancel.is_set():
+                self.result.stopped = "cancelled"
+                break
+            record = self._step(step)
+            if record is None:
+                self.result.stopped = "no applicable strategy"
+                break
+            self.result.steps.append(record)
+            self.persist()
+        return self.result
+
+    def _step(self, step: int) -> StepRecord | None:
+        graph = self.store.graph(self.task.backend)
+        current = self.result.best_source
+        applicable = self._applicability(graph, current)
+        usable = _restrict_to_applicable(graph, applicable)
+        if not usable.globals:
+            return None
+        state = self._state(current)
+        self._phase(step, "select")
+        decision = select_global(usable, self.prefix, state, self.config.policy, self.rng)
+        local = self.local_selector.choose(usable, decision.chosen, state, applicable)
+        g, node = decision.chosen, graph.locals[local.local_id]
+        self._phase(step, "generate", g, local.local_id)
+        candidate, tokens = self._generate(node, current, state)
+        if candidate is None:
+            verdict_json: dict[str, Any] = {"compiled": False, "correct": False, "error": None}
+            status, speedup_vs_best = "no_code", None
+        else:
+            verdict = self._evaluate(step, candidate, g, local.local_id)
+            verdict_json = verdict.to_json()
+            status, speedup_vs_best = self._status(verdict)
+            if status == "improved":
+                self.result.best_source, self.result.best_step = candidate, step
+                self.result.best_ref_speedup = verdict.speedup
+        self._phase(step, "update", g, local.local_id)
+        r = reward(status, speedup_vs_best)
+        self._learn(decision, local.local_id, status, verdict_json, speedup_vs_best, r, candidate)
+        record = StepRecord(
+            step=step,
+            global_id=g,
+            local_id=local.local_id,
+            reason=local.reason,
+            status=status,
+            reward=r,
+            speedup=self._over_start(verdict_json),
+            decision=decision.to_json(),
+            local_decision=local.to_json(),
+            verdict=verdict_json,
+            source=candidate or "",
+            prompt_tokens=tokens,
+        )
+        self.emit({"event": "step", **record.to_json(), "source": record.source})
+        return record
+
+    # -- pieces of a step -----------------------------------------------------------
+
+    def _applicability(self, graph: Graph, source: str) -> dict[str, str | None]:
+        """None for a runnable strategy, else the reason it cannot run now."""
+        result: dict[str, str | None] = {}
+        for local_id, node in graph.locals.items():
+            if node.mechanical:
+                rewrite = REGISTRY.get(node.mechanical)
+                result[local_id] = (
+                    rewrite.check(source) if rewrite else f"unknown rewrite {node.mechanical}"
+                )
+            elif self.provider is None:
+                result[local_id] = "needs an LLM (offline provider: mechanical strategies only)"
+            else:
+                result[local_id] = None
+        return result
+
+    def _state(self, source: str) -> State:
+        feedback = {"first_step"} if not self.path else {_feedback_tag(self.path[-1].status)}
+        last = self.result.steps[-1].speedup if self.result.steps else None
+        return State(
+            backend=self.task.backend,
+            family=self.family,
+            task_signature=f"{self.task.backend}:{self.family}:{self.task.name}",
+            features=parsing.features(source, self.task.backend),
+            feedback=feedback,
+            last_speedup=last,
+            best_speedup=self.result.best_speedup,
+            path=list(self.path),
+        )
+
+    def _generate(self, node: Any, current: str, state: State) -> tuple[str | None, int]:
+        if node.mechanical:
+            return REGISTRY[node.mechanical].apply(current), 0
+        assert self.provider is not None  # non-mechanical nodes are inapplicable offline
+        language = "cuda" if self.task.kind == "cu" else "python"
+        system, prompt = generation_prompt(
+            task_source=self.task.reference_source,
+            current_code=current,
+            feedback=self._feedback_text(),
+            local_text=node.prompt_text(),
+            positive_example=(
+                node.evidence_positive[0].code_excerpt if node.evidence_positive else None
+            ),
+            negative_warnings=[e.note or e.code_excerpt for e in node.evidence_negative],
+            language=language,
+        )
+        answer = self.provider.complete(system, prompt, purpose="generate")
+        return extract_code(answer.text, language), count_tokens(system + prompt)
+
+    def _evaluate(self, step: int, source: str, g: str = "", local: str = "") -> Verdict:
+        def on_phase(phase: str) -> None:
+            self._phase(step, phase, g, local)
+
+        return evaluate(
+            self.task,
+            source,
+            device=self.config.device,
+            cancel=self.cancel,
+            on_phase=on_phase,
+        )
+
+    def _status(self, verdict: Verdict) -> tuple[str, float | None]:
+        """The outcome status and the speedup over the best so far (reference-normalised)."""
+        if not verdict.compiled:
+            kind = verdict.error.get("kind") if verdict.error else None
+            return ("timeout" if kind == "timeout" else "compile_error"), None
+        if not verdict.correct:
+            kind = verdict.error.get("kind") if verdict.error else None
+            return (kind if kind in {"crash", "timeout"} else "incorrect"), None
+        best = self.result.best_ref_speedup
+        if best is None or not verdict.speedup:
+            return "improved", None
+        ratio = verdict.speedup / best
+        return ("improved" if ratio >= self.config.improve_margin else "not_improved"), ratio
+
+    def _learn(
+        self,
+        decision: Any,
+        local_id: str,
+        status: str,
+        verdict: dict[str, Any],
+        speedup: float | None,
+        r: float,
+        candidate: str | None,
+    ) -> None:
+        g = decision.chosen
+        self.store.apply_outcome(
+            Outcome(
+                backend=self.task.backend,
+                task_signature=f"{self.task.backend}:{self.family}:{self.task.name}",
+                prefix=list(self.prefix),
+                alphas=list(decision.alphas),
+                global_id=g,
+                local_id=local_id,
+                status=status,
+                compiled=bool(verdict.get("compiled")),
+                correct=bool(verdict.get("correct")),
+                speedup=speedup,
+                runtime_ms=verdict.get("runtime_ms"),
+                reward=r,
+                code_excerpt=_excerpt(candidate or ""),
+            )
+        )
+        self.prefix = [*self.prefix[1:], g]
+        self.path.append(PathEntry(g, local_id, status))
+
+    def _over_start(self, verdict: dict[str, Any]) -> float | None:
+        start, ref = self.result.start_ref_speedup, verdict.get("speedup")
+        if not verdict.get("correct") or not start or not ref:
+            return None
+        return float(ref) / start
+
+    def _feedback_text(self) -> str:
+        if not self.result.steps:
+            v = self.result.start_verdict
+            return f"starting implementation: correct={v.get('correct')} runtime_ms={v.get('runtime_ms')}"
+        last = self.result.steps[-1]
+        error = last.verdict.get("error") or {}
+        return (
+            f"last step {last.global_id}/{last.local_id}: {last.status}; "
+            f"speedup over start {last.speedup}; error: {error.get('message', 'none')}"
+        )
+
+    def _phase(self, step: int, phase: str, g: str = "", local: str = "") -> None:
+        self.emit(
+            {
+                "event": "phase",
+                "step": step,
+                "steps": self.config.steps,
+                "phase": phase,
+                "global": g,
+                "local": local,
+                "time": time.time(),
+            }
+        )
+
+    def persist(self) -> None:
+        self.store.put(TRAJECTORIES, self.result.run_id, self.result.to_json())
+
+
+def _restrict_to_applicable(graph: Graph, applicable: dict[str, str | None]) -> Graph:
+    """The graph without directions that have no runnable strategy right now."""
+    runnable = {lid: n for lid, n in graph.locals.items() if applicable.get(lid) is None}
+    parents = {n.parent for n in runnable.values()}
+    return Graph(
+        backend=graph.backend,
+        globals={gid: g for gid, g in graph.globals.items() if gid in parents},
+        locals=runnable,
+        edges=graph.edges,
+    )
+
+
+def _feedback_tag(status: str) -> str:
+    return {"not_improved": "slower"}.get(status, status)
+
+
+def _excerpt(source: str, limit: int = 600) -> str:
+    return source if len(source) <= limit else source[:limit] + "\n..."

@@ -1,0 +1,181 @@
+"""`htam optimize`: run the HTAM loop on a task and write its results to a folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from htam_engine.cli import UserError
+from htam_engine.report import format_speedup
+
+PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "optimize",
+        help="optimize a kernel task for N steps (the HTAM loop)",
+        description=(
+            "Run T steps of HTAM on TASK: pick a direction from the memory, write the next "
+            "implementation (LLM or mechanical rewrite), compile, verify and time it, learn. "
+            "Writes the best implementation, a Markdown report and a plot to the output folder."
+        ),
+    )
+    p.add_argument("task", help="implementation .py (with `# htam: reference=...`), bound .cu")
+    p.add_argument("--steps", type=int, default=6, help="number of steps T (default 6)")
+    p.add_argument("--provider", choices=PROVIDERS, default="auto", help="LLM provider")
+    p.add_argument("--model", help="model name for the provider")
+    p.add_argument("--base-url", help="base URL of an OpenAI-compatible server")
+    p.add_argument("--cassette", help="JSONL cassette for --provider replay")
+    p.add_argument("--record", help="record every LLM call of this run to this cassette")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--seed", type=int, default=0, help="seed of the policy's sampling")
+    p.add_argument("--start", help="take the starting implementation from this file")
+    p.add_argument("--output", help="output folder (default .htam-out/<task>-<run id>)")
+    p.add_argument("--json", action="store_true", help="print one JSON result on stdout")
+    p.add_argument("--events", action="store_true", help="print JSON-line events on stdout")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from htam_engine.llm import make_provider
+    from htam_engine.loop import LoopConfig, Optimizer
+    from htam_engine.memory import MemoryStore
+    from htam_engine.report import write_outputs
+    from htam_engine.task import load_task
+
+    if args.steps < 1:
+        raise UserError("--steps must be at least 1")
+    task = load_task(Path(args.task))
+    start_source = Path(args.start).read_text() if args.start else task.impl_source
+    if not start_source:
+        raise UserError(
+            f"{args.task} has no implementation to start from: write a ModelNew "
+            "(see examples/) or pass --start FILE"
+        )
+    provider, why = make_provider(
+        args.provider,
+        model=args.model,
+        base_url=args.base_url,
+        cassette=args.cassette,
+        record=args.record,
+    )
+    console = Console(stderr=True, quiet=args.json or args.events)
+    console.print(f"[bold]provider:[/] {why}")
+    display = _Display(console, args.events, args.steps)
+    display.emit(
+        {
+            "event": "start",
+            "task": task.name,
+            "steps": args.steps,
+            "provider": provider.name if provider else "offline",
+            "provider_reason": why,
+            "device": args.device,
+        }
+    )
+    optimizer = Optimizer(
+        task,
+        start_source,
+        provider=provider,
+        store=MemoryStore(),
+        config=LoopConfig(steps=args.steps, device=args.device, seed=args.seed),
+        emit=display.emit,
+    )
+    result = _run_interruptibly(optimizer, console)
+    output = Path(args.output or f".htam-out/{task.name}-{result.run_id}")
+    result.output_dir = str(write_outputs(result, output, suffix=Path(args.task).suffix))
+    optimizer.persist()
+    summary = result.to_json()
+    if args.events:
+        display.emit({"event": "result", **summary})
+    elif args.json:
+        print(json.dumps(summary))
+    else:
+        console.quiet = False
+        console.print(_final_table(summary))
+        console.print(f"results in [bold]{result.output_dir}[/]")
+    return 130 if result.stopped == "interrupted" else 0
+
+
+def _run_interruptibly(optimizer: Any, console: Console) -> Any:
+    """Run in a thread so Ctrl-C can stop the worker cleanly; learned steps are kept."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = optimizer.run()
+        except BaseException as error:  # re-raised in the main thread below
+            box["error"] = error
+
+    thread = threading.Thread(target=target, name="htam-loop", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping the worker, keeping what was learned[/]")
+        optimizer.cancel.set()
+        thread.join()
+        optimizer.result.stopped = "interrupted"
+        return optimizer.result
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+class _Display:
+    """Either JSON-line events on stdout (for the language server) or a rich status line."""
+
+    def __init__(self, console: Console, events: bool, steps: int) -> None:
+        self.console, self.events, self.steps = console, events, steps
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+
+    def emit(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            if self.events:
+                sys.stdout.write(json.dumps(event) + "\n")
+                sys.stdout.flush()
+                return
+            elapsed = time.monotonic() - self.started
+            if event["event"] == "phase":
+                self.console.print(
+                    f"[dim]{elapsed:6.1f}s[/] step {event['step']}/{self.steps} "
+                    f"{event['phase']:<8} {event['global']} {event['local']}",
+                    highlight=False,
+                )
+            elif event["event"] == "step":
+                self.console.print(
+                    f"[bold]step {event['step']}[/]: {event['global']} -> {event['local']}: "
+                    f"[cyan]{event['status']}[/] {format_speedup(event['speedup'])}  ({event['reason']})",
+                    highlight=False,
+                )
+
+
+def _final_table(summary: dict[str, Any]) -> Table:
+    table = Table(title=f"HTAM on {summary['task']} ({summary['provider']})")
+    for column in ("step", "direction", "strategy", "outcome", "vs start", "vs PyTorch"):
+        table.add_column(column)
+    for s in summary["steps"]:
+        table.add_row(
+            str(s["step"]),
+            s["global"],
+            s["local"],
+            s["status"],
+            format_speedup(s["speedup"]),
+            format_speedup(s["verdict"].get("speedup") if s["verdict"].get("correct") else None),
+        )
+    table.caption = (
+        f"best: {format_speedup(summary['best_speedup'])} over the start, "
+        f"{format_speedup(summary['ref_speedup'])} vs PyTorch; stopped: {summary['stopped']}"
+    )
+    return table
+

@@ -1,0 +1,67 @@
+"""What a run leaves behind: the best implementation, a Markdown report, a plot, the trajectory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from htam_engine.loop import RunResult
+
+
+def write_outputs(result: RunResult, folder: Path, suffix: str = ".py") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"best{suffix}").write_text(result.best_source)
+    (folder / "trajectory.json").write_text(json.dumps(result.to_json(), indent=2))
+    (folder / "report.md").write_text(markdown_report(result))
+    plot_speedups(result, folder / "speedup.png")
+    return folder
+
+
+def markdown_report(result: RunResult) -> str:
+    lines = [
+        f"# HTAM run {result.run_id}: {result.task}",
+        "",
+        f"- backend: {result.backend}; provider: {result.provider}; stopped: {result.stopped}",
+        f"- starting implementation: {format_speedup(result.start_ref_speedup)} vs PyTorch",
+        f"- best (step {result.best_step}): {format_speedup(result.best_speedup)} over the start, "
+        f"{format_speedup(result.best_ref_speedup)} vs PyTorch",
+        "",
+        "| step | direction | strategy | reason | outcome | vs start | runtime ms |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in result.steps:
+        runtime = s.verdict.get("runtime_ms")
+        lines.append(
+            f"| {s.step} | {s.global_id} | {s.local_id} | {s.reason.replace('|', '/')} "
+            f"| {s.status} | {format_speedup(s.speedup)} | {'-' if runtime is None else f'{runtime:.3f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_speedups(result: RunResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [0] + [s.step for s in result.steps]
+    measured = [1.0] + [s.speedup if s.speedup is not None else float("nan") for s in result.steps]
+    best, running = [], 1.0
+    for value in measured:
+        running = max(running, value) if value == value else running  # NaN-safe
+        best.append(running)
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot(steps, measured, "o", label="candidate (correct only)")
+    ax.step(steps, best, where="post", label="best so far")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(xlabel="step", ylabel="speedup over start", title=f"HTAM: {result.task}")
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def format_speedup(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
