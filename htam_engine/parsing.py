@@ -1,0 +1,591 @@
+"""Tree-sitter views of kernel code: parse trees, embedded sources, kernels, tags, family.
+
+Pure and fast (no torch): the language server calls these on every edit. C++ is parsed
+with the CUDA grammar, a superset of the C++ one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+
+import tree_sitter_cuda
+import tree_sitter_python
+from tree_sitter import Language, Node, Parser, Tree
+
+LANGUAGES = ("cuda", "cpp", "python")
+FAMILIES = ("elementwise", "reduction", "matmul", "fused", "unknown")
+SOURCE_KWARGS = {"cpp_sources": "cpp", "cuda_sources": "cuda"}
+LOADERS = ("load_inline", "load_cpp")
+LOOP_TYPES = ("for_statement", "while_statement", "do_statement")
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """C++/CUDA text held in a Python string literal passed to a loader.
+
+    `start_byte`/`end_byte` delimit the literal's content in the file's UTF-8 bytes, so
+    `file_bytes[start_byte:end_byte].decode() == text`; `start_point` is its (row, byte
+    column). `name` is the module-level variable holding it, or `<call>.<keyword>`.
+    """
+
+    name: str
+    language: str  # "cuda" | "cpp"
+    start_byte: int
+    end_byte: int
+    start_point: tuple[int, int]
+    text: str
+    call: str  # "load_inline" | "load_cpp"
+    call_start_byte: int
+
+
+@dataclass(frozen=True)
+class KernelUnit:
+    """A unit of code the editor and the loop work on, with its range in the file.
+
+    kind: "global" (a `__global__` kernel; `launchers` names the host functions that
+    launch it), "host" (a host / extern "C" function), "model" (a Model/ModelNew class),
+    "module" (a load_inline / load_cpp call).
+    """
+
+    name: str
+    kind: str
+    language: str
+    start_byte: int
+    end_byte: int
+    start_point: tuple[int, int]
+    end_point: tuple[int, int]
+    launchers: tuple[str, ...] = ()
+
+
+@cache
+def _parser(language: str) -> Parser:
+    grammar = tree_sitter_python if language == "python" else tree_sitter_cuda
+    return Parser(Language(grammar.language()))
+
+
+def _as_bytes(source: str | bytes) -> bytes:
+    return source.encode() if isinstance(source, str) else source
+
+
+def parse(source: str | bytes, language: str) -> Tree:
+    """Parse `source` as "cuda", "cpp" (CUDA grammar) or "python"."""
+    if language not in LANGUAGES:
+        raise ValueError(f"unknown language {language!r}; expected one of {LANGUAGES}")
+    return _parser(language).parse(_as_bytes(source))
+
+
+def walk(node: Node) -> Iterator[Node]:
+    """Every node under `node` (itself included), in document order."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(current.children))
+
+
+def text(node: Node | None) -> str:
+    return "" if node is None or node.text is None else node.text.decode()
+
+
+def has_errors(source: str | bytes, language: str) -> bool:
+    """True when the parse tree holds ERROR or MISSING nodes."""
+    return parse(source, language).root_node.has_error
+
+
+# --- Python: embedded sources -------------------------------------------------------
+
+
+def _call_name(call: Node) -> str:
+    func = call.child_by_field_name("function")
+    if func is None:
+        return ""
+    return text(func).rsplit(".", 1)[-1]
+
+
+def _module_assignments(root: Node) -> dict[str, Node]:
+    """Module-level `NAME = <value>` assignments (the last one wins)."""
+    found: dict[str, Node] = {}
+    for stmt in root.children:
+        if stmt.type != "expression_statement" or not stmt.children:
+            continue
+        assign = stmt.children[0]
+        left, right = assign.child_by_field_name("left"), assign.child_by_field_name("right")
+        if assign.type == "assignment" and left is not None and right is not None:
+            if left.type == "identifier":
+                found[text(left)] = right
+    return found
+
+
+def loader_calls(tree: Tree) -> list[Node]:
+    """Calls to load_inline / load_cpp (any qualification) in a Python tree."""
+    return [n for n in walk(tree.root_node) if n.type == "call" and _call_name(n) in LOADERS]
+
+
+def call_argument(call: Node, keyword: str, position: int | None = None) -> Node | None:
+    """The value node of a keyword argument (or the positional one at `position`)."""
+    args = call.child_by_field_name("arguments")
+    if args is None:
+        return None
+    positional = [a for a in args.named_children if a.type not in ("keyword_argument", "comment")]
+    for arg in args.named_children:
+        if arg.type == "keyword_argument" and text(arg.child_by_field_name("name")) == keyword:
+            return arg.child_by_field_name("value")
+    if position is not None and position < len(positional):
+        return positional[position]
+    return None
+
+
+def resolve(value: Node, assignments: dict[str, Node]) -> tuple[str | None, Node]:
+    """Follow one module-level variable: (its name or None, the value node)."""
+    if value.type == "identifier" and text(value) in assignments:
+        return text(value), assignments[text(value)]
+    return None, value
+
+
+def _string_content(string: Node) -> tuple[int, int] | None:
+    if string.type != "string" or any(c.type == "interpolation" for c in string.children):
+        return None
+    start = next(c for c in string.children if c.type == "string_start").end_byte
+    end = next(c for c in string.children if c.type == "string_end").start_byte
+    return start, end
+
+
+def _source_values(call: Node) -> Iterator[tuple[str, str, Node]]:
+    """(language, keyword, value node) for each source argument of a loader call."""
+    if _call_name(call) == "load_cpp":
+        value = call_argument(call, "source", 1)
+        if value is not None:
+            yield "cpp", "source", value
+        return
+    for keyword, language in SOURCE_KWARGS.items():
+        value = call_argument(call, keyword, 1 if keyword == "cpp_sources" else 2)
+        if value is not None:
+            yield language, keyword, value
+
+
+def embedded_sources(python_source: str | bytes) -> list[Embedded]:
+    """C++/CUDA sources passed as string literals (directly, in a list, or through a
+    module-level variable) to `load_inline` (cpp_sources/cuda_sources) or `load_cpp`."""
+    data = _as_bytes(python_source)
+    tree = parse(data, "python")
+    assignments = _module_assignments(tree.root_node)
+    found: dict[int, Embedded] = {}
+    for call in loader_calls(tree):
+        for language, keyword, value in _source_values(call):
+            name, node = resolve(value, assignments)
+            items = node.named_children if node.type in ("list", "tuple") else [node]
+            for item in items:
+                item_name, literal = resolve(item, assignments)
+                span = _string_content(literal)
+                if span is None or span[0] in found:
+                    continue
+                label = item_name or name or f"{_call_name(call)}.{keyword}"
+                found[span[0]] = Embedded(
+                    name=label,
+                    language=language,
+                    start_byte=span[0],
+                    end_byte=span[1],
+                    start_point=_point(data, span[0]),
+                    text=data[span[0] : span[1]].decode(),
+                    call=_call_name(call),
+                    call_start_byte=call.start_byte,
+                )
+    return sorted(found.values(), key=lambda e: e.start_byte)
+
+
+def _point(data: bytes, offset: int) -> tuple[int, int]:
+    row = data.count(b"\n", 0, offset)
+    return row, offset - (data.rfind(b"\n", 0, offset) + 1)
+
+
+def flag_values(python_source: str | bytes, keyword: str) -> list[str]:
+    """Every string in the `keyword` flags lists (e.g. "extra_cflags") of loader calls."""
+    tree = parse(python_source, "python")
+    assignments = _module_assignments(tree.root_node)
+    flags: list[str] = []
+    for call in loader_calls(tree):
+        position = 2 if _call_name(call) == "load_cpp" and keyword == "extra_cflags" else None
+        value = call_argument(call, keyword, position)
+        if value is None:
+            continue
+        _, node = resolve(value, assignments)
+        flags += [text(s)[1:-1] for s in node.named_children if s.type == "string"]
+    return flags
+
+
+# --- C++ / CUDA structure -----------------------------------------------------------
+
+
+def functions(root: Node) -> list[Node]:
+    """Function definitions at file scope (also inside `extern "C" { }` blocks)."""
+    return [
+        n
+        for n in walk(root)
+        if n.type == "function_definition" and not _inside(n, "function_definition")
+    ]
+
+
+def _inside(node: Node, kind: str) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if parent.type == kind:
+            return True
+        parent = parent.parent
+    return False
+
+
+def function_name(fn: Node) -> str:
+    declarator = fn.child_by_field_name("declarator")
+    while declarator is not None and declarator.type != "function_declarator":
+        declarator = declarator.child_by_field_name("declarator")
+    if declarator is None:
+        return ""
+    return text(declarator.child_by_field_name("declarator"))
+
+
+def parameters(fn: Node) -> list[Node]:
+    for node in walk(fn):
+        if node.type == "parameter_list":
+            return [p for p in node.named_children if p.type == "parameter_declaration"]
+    return []
+
+
+def pointer_declarator(param: Node) -> Node | None:
+    declarator = param.child_by_field_name("declarator")
+    return (
+        declarator if declarator is not None and declarator.type == "pointer_declarator" else None
+    )
+
+
+def is_global(fn: Node) -> bool:
+    return any(c.type == "__global__" for c in fn.children)
+
+
+def launches(root: Node) -> list[Node]:
+    """CUDA `kernel<<<grid, block>>>(...)` call expressions."""
+    return [
+        n
+        for n in walk(root)
+        if n.type == "call_expression" and any(c.type == "kernel_call_syntax" for c in n.children)
+    ]
+
+
+def launch_config(call: Node) -> list[Node]:
+    """The expressions between `<<<` and `>>>` (grid, block, ...)."""
+    syntax = next(c for c in call.children if c.type == "kernel_call_syntax")
+    return list(syntax.named_children)
+
+
+def loops(node: Node) -> list[Node]:
+    return [n for n in walk(node) if n.type in LOOP_TYPES]
+
+
+def innermost_loops(node: Node) -> list[Node]:
+    return [n for n in loops(node) if len(loops(n)) == 1]
+
+
+def loop_pragma(loop: Node) -> str:
+    """The text of the `#pragma` right before `loop`, or ""."""
+    previous = loop.prev_named_sibling
+    if previous is not None and previous.type == "preproc_call":
+        if text(previous.child_by_field_name("directive")) == "#pragma":
+            return text(previous).strip()
+    return ""
+
+
+def constants(root: Node) -> dict[str, str]:
+    """Compile-time integer constants: `#define N 16` and const/constexpr int declarations."""
+    found: dict[str, str] = {}
+    for node in walk(root):
+        if node.type == "preproc_def":
+            value = text(node.child_by_field_name("value")).strip()
+            if value.isdigit():
+                found[text(node.child_by_field_name("name"))] = value
+        elif node.type == "declaration" and re.search(r"\b(const|constexpr)\b", text(node)):
+            for decl in node.named_children:
+                value = decl.child_by_field_name("value")
+                if decl.type == "init_declarator" and value is not None:
+                    if value.type == "number_literal":
+                        found[text(decl.child_by_field_name("declarator"))] = text(value)
+    return found
+
+
+def is_fixed_trip(loop: Node, known: dict[str, str]) -> bool:
+    """A `for` whose bound is a literal or a named compile-time constant."""
+    if loop.type != "for_statement":
+        return False
+    condition = loop.child_by_field_name("condition")
+    if condition is None or condition.type != "binary_expression":
+        return False
+    bound = condition.child_by_field_name("right")
+    return bound is not None and (
+        bound.type == "number_literal" or (bound.type == "identifier" and text(bound) in known)
+    )
+
+
+# --- kernels ------------------------------------------------------------------------
+
+
+def _unit(node: Node, name: str, kind: str, language: str, offset: int, data: bytes) -> KernelUnit:
+    start, end = node.start_byte + offset, node.end_byte + offset
+    return KernelUnit(name, kind, language, start, end, _point(data, start), _point(data, end))
+
+
+def _cxx_kernels(source: bytes, language: str, offset: int, data: bytes) -> list[KernelUnit]:
+    root = parse(source, language).root_node
+    launchers: dict[str, list[str]] = {}
+    for fn in functions(root):
+        for call in launches(fn):
+            target = text(call.child_by_field_name("function"))
+            launchers.setdefault(target, []).append(function_name(fn))
+    units = []
+    for fn in functions(root):
+        name = function_name(fn)
+        kind = "global" if is_global(fn) else "host"
+        unit = _unit(fn, name, kind, language, offset, data)
+        if kind == "global":
+            unit = KernelUnit(**{**unit.__dict__, "launchers": tuple(launchers.get(name, []))})
+        units.append(unit)
+    return units
+
+
+def kernels(source: str | bytes, language: str) -> list[KernelUnit]:
+    """Kernel units with byte ranges in `source`: CUDA/C++ functions, or for Python the
+    Model/ModelNew classes, the loader calls and the functions of their embedded sources."""
+    data = _as_bytes(source)
+    if language != "python":
+        return _cxx_kernels(data, language, 0, data)
+    tree = parse(data, "python")
+    units = [
+        _unit(node, text(node.child_by_field_name("name")), "model", "python", 0, data)
+        for node in tree.root_node.children
+        if node.type == "class_definition"
+        and text(node.child_by_field_name("name")) in ("Model", "ModelNew")
+    ]
+    units += [_unit(c, _call_name(c), "module", "python", 0, data) for c in loader_calls(tree)]
+    for emb in embedded_sources(data):
+        units += _cxx_kernels(emb.text.encode(), emb.language, emb.start_byte, data)
+    return sorted(units, key=lambda u: u.start_byte)
+
+
+# --- feature tags -------------------------------------------------------------------
+
+
+def _cxx_sources(source: bytes, backend: str) -> tuple[list[str], list[str] | None]:
+    """(C++/CUDA texts to inspect, compiler flags or None for a raw source)."""
+    embedded = embedded_sources(source)
+    if not embedded:
+        return [source.decode()], None
+    wanted = ("cuda", "cpp") if backend == "cuda" else ("cpp",)
+    keyword = "extra_cuda_cflags" if backend == "cuda" else "extra_cflags"
+    flags = flag_values(source, keyword)
+    if backend == "cpu" and not any(f.startswith("-O") for f in flags):
+        flags.append("-O2")  # the default of load_cpp
+    return [e.text for e in embedded if e.language in wanted], flags
+
+
+def _loop_tags(roots: list[Node], known: dict[str, str]) -> set[str]:
+    tags: set[str] = set()
+    all_loops = [loop for root in roots for loop in loops(root)]
+    if all_loops:
+        tags.add("loops")
+    if any(len(loops(loop)) > 1 for loop in all_loops):
+        tags.add("nested_loops")
+    if any(is_fixed_trip(loop, known) for loop in all_loops):
+        tags.add("fixed_trip_loop")
+    return tags
+
+
+def _pointer_params(fns: list[Node]) -> list[Node]:
+    return [p for fn in fns for p in parameters(fn) if pointer_declarator(p) is not None]
+
+
+def _restrict_tag(fns: list[Node]) -> set[str]:
+    params = _pointer_params(fns)
+    if not params:
+        return set()
+    restricted = all(re.search(r"__restrict(__)?\b", text(p)) for p in params)
+    return {"restrict_pointers" if restricted else "no_restrict"}
+
+
+def _block_sizes(root: Node, known: dict[str, str]) -> list[int]:
+    sizes = []
+    for call in launches(root):
+        config = launch_config(call)
+        if len(config) >= 2:
+            value = known.get(text(config[1]), text(config[1]))
+            if value.isdigit():
+                sizes.append(int(value))
+    return sizes
+
+
+CUDA_PATTERNS = {
+    "shared_memory": r"__shared__",
+    "vectorized_loads": r"\b(float[24]|int[24]|half2|__half2|double2)\b",
+    "pragma_unroll": r"#pragma\s+unroll",
+    "atomics": r"\batomic[A-Z]\w*\s*\(",
+    "warp_shuffle": r"__shfl\w*",
+    "syncthreads": r"__syncthreads\s*\(",
+    "tensor_cores": r"\b(wmma::|mma\.sync|__hmma)|\bmma_sync\b",
+    "half_precision": r"\b(half2?|__half2?|__nv_bfloat16|c10::Half|at::Half)\b",
+}
+
+
+def _cuda_tags(texts: list[str], flags: list[str] | None) -> set[str]:
+    joined = "\n".join(texts)
+    roots = [parse(t, "cuda").root_node for t in texts]
+    known = {k: v for root in roots for k, v in constants(root).items()}
+    kernels_ = [fn for root in roots for fn in functions(root) if is_global(fn)]
+    tags = {tag for tag, pattern in CUDA_PATTERNS.items() if re.search(pattern, joined)}
+    tags.add("shared_memory" if "shared_memory" in tags else "no_shared_memory")
+    tags.add("vectorized_loads" if "vectorized_loads" in tags else "scalar_loads")
+    striding = any("gridDim" in text(loop) for fn in kernels_ for loop in loops(fn))
+    tags.add("grid_stride" if striding else "no_grid_stride")
+    bounded = bool(kernels_) and all(
+        any(c.type == "launch_bounds" for c in fn.children) for fn in kernels_
+    )
+    tags.add("launch_bounds" if bounded else "no_launch_bounds")
+    tags |= _restrict_tag(kernels_) | _loop_tags(kernels_, known)
+    if len(kernels_) > 1:
+        tags.add("multiple_kernels")
+    sizes = [s for root in roots for s in _block_sizes(root, known)]
+    if any(s < 256 for s in sizes):
+        tags.add("small_block")
+    if any(s >= 512 for s in sizes):
+        tags.add("large_block")
+    fast = flags is not None and "--use_fast_math" in flags
+    tags.add("fast_math" if fast else "no_fast_math")
+    return tags
+
+
+def _cpu_tags(texts: list[str], flags: list[str] | None) -> set[str]:
+    joined = "\n".join(texts)
+    roots = [parse(t, "cpp").root_node for t in texts]
+    known = {k: v for root in roots for k, v in constants(root).items()}
+    fns = [fn for root in roots for fn in functions(root)]
+    tags = {"openmp" if re.search(r"#pragma\s+omp\s+(parallel|for)", joined) else "no_openmp"}
+    simd = re.search(r"#pragma\s+(omp\s+(parallel\s+for\s+)?simd|GCC\s+ivdep)", joined)
+    tags.add("simd_pragma" if simd else "no_simd")
+    tags |= _restrict_tag(fns) | _loop_tags(fns, known)
+    if any(is_blocked(loop) for fn in fns for loop in loops(fn)):
+        tags.add("blocked_loops")
+    if flags is not None:
+        tags.add("opt_O3" if {"-O3", "-Ofast"} & set(flags) else "low_opt")
+        if "-march=native" in flags:
+            tags.add("march_native")
+    return tags
+
+
+def is_blocked(loop: Node) -> bool:
+    """A tile loop: steps by more than one and holds a loop that starts at its variable."""
+    if loop.type != "for_statement":
+        return False
+    update = loop.child_by_field_name("update")
+    if update is None or update.type != "assignment_expression" or "+=" not in text(update):
+        return False
+    variable = text(update.child_by_field_name("left"))
+    for inner in loops(loop)[1:]:
+        init = inner.child_by_field_name("initializer")
+        if init is not None and re.search(rf"\b{re.escape(variable)}\b", text(init)):
+            return True
+    return False
+
+
+def features(source: str | bytes, backend: str) -> set[str]:
+    """Static feature tags (docs/ARCHITECTURE.md vocabulary) of a .py with embedded
+    sources or a raw .cu/.cpp file, for backend "cuda" or "cpu"."""
+    if backend not in ("cuda", "cpu"):
+        raise ValueError(f"unknown backend {backend!r}; expected 'cuda' or 'cpu'")
+    texts, flags = _cxx_sources(_as_bytes(source), backend)
+    return _cuda_tags(texts, flags) if backend == "cuda" else _cpu_tags(texts, flags)
+
+
+# --- operator family ----------------------------------------------------------------
+
+MATMUL_OPS = {"matmul", "mm", "bmm", "linear", "Linear", "addmm", "baddbmm", "einsum", "@"}
+MATMUL_OPS |= {"Conv1d", "Conv2d", "Conv3d", "conv1d", "conv2d", "conv3d"}
+REDUCTION_OPS = {
+    "softmax", "log_softmax", "Softmax", "LogSoftmax", "sum", "mean", "amax", "amin",
+    "argmax", "argmin", "max", "min", "norm", "layer_norm", "LayerNorm", "group_norm",
+    "GroupNorm", "batch_norm", "BatchNorm1d", "BatchNorm2d", "logsumexp", "cumsum",
+    "cumprod", "var", "std", "prod", "rms_norm", "RMSNorm", "normalize",
+}  # fmt: skip
+ELEMENTWISE_OPS = {
+    "relu", "ReLU", "gelu", "GELU", "sigmoid", "Sigmoid", "tanh", "Tanh", "exp", "log",
+    "sqrt", "rsqrt", "abs", "clamp", "clip", "add", "sub", "mul", "div", "pow", "silu",
+    "SiLU", "elu", "ELU", "leaky_relu", "LeakyReLU", "hardtanh", "Hardtanh", "softplus",
+    "Softplus", "mish", "Mish", "hardswish", "Hardswish", "selu", "SELU", "erf", "where",
+    "maximum", "minimum", "neg", "reciprocal", "square", "+", "-", "*", "/", "**",
+}  # fmt: skip
+
+
+def _op_category(name: str) -> str | None:
+    for category, ops in (
+        ("matmul", MATMUL_OPS),
+        ("reduction", REDUCTION_OPS),
+        ("elementwise", ELEMENTWISE_OPS),
+    ):
+        if name in ops:
+            return category
+    return None
+
+
+def _class(root: Node, names: tuple[str, ...]) -> Node | None:
+    for name in names:
+        for node in root.children:
+            if node.type == "class_definition" and text(node.child_by_field_name("name")) == name:
+                return node
+    return None
+
+
+def _method(cls: Node, name: str) -> Node | None:
+    body = cls.child_by_field_name("body")
+    for node in body.named_children if body is not None else []:
+        if node.type == "function_definition" and text(node.child_by_field_name("name")) == name:
+            return node
+    return None
+
+
+def _submodules(cls: Node) -> dict[str, str]:
+    """`self.x = nn.Something(...)` in __init__: attribute -> class name."""
+    init = _method(cls, "__init__")
+    found: dict[str, str] = {}
+    for node in walk(init) if init is not None else []:
+        if node.type == "assignment":
+            left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+            if left is not None and right is not None and right.type == "call":
+                found[text(left)] = _call_name(right)
+    return found
+
+
+def _forward_ops(cls: Node) -> list[str]:
+    forward = _method(cls, "forward")
+    if forward is None:
+        return []
+    modules = _submodules(cls)
+    ops = []
+    for node in walk(forward):
+        if node.type == "call":
+            callee = text(node.child_by_field_name("function"))
+            ops.append(modules.get(callee, callee.rsplit(".", 1)[-1]))
+        elif node.type in ("binary_operator", "augmented_assignment"):
+            operator = node.child_by_field_name("operator")
+            ops.append(text(operator).rstrip("="))
+    return ops
+
+
+def family(source: str | bytes) -> str:
+    """Operator family from the torch ops in `Model.forward` (else `ModelNew.forward`)."""
+    root = parse(source, "python").root_node
+    cls = _class(root, ("Model", "ModelNew"))
+    if cls is None:
+        return "unknown"
+    categories = {c for c in map(_op_category, _forward_ops(cls)) if c is not None}
+    if not categories:
+        return "unknown"
+    if len(categories) == 1:
+        return categories.pop()
+    return "fused"
