@@ -1,0 +1,433 @@
+"""The Hierarchical Transition Graph (HTG): nodes, edges, statistics, evidence, outcomes.
+
+Everything here is a plain dataclass with a JSON round trip (`to_json` / `from_json`);
+nothing is ever pickled. The learning primitives (`Stats.update`, `LocalNode.record`,
+`Graph.apply_outcome`) live here so that the in-memory graph and the persistent store
+share one update rule.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+START = "START"
+BACKENDS = ("cuda", "cpu")
+SEED_SCHEMA_VERSION = 1
+EVIDENCE_BOUND = 5
+TREND_RATE = 0.3
+STATUSES = (
+    "improved",
+    "not_improved",
+    "incorrect",
+    "compile_error",
+    "no_code",
+    "crash",
+    "timeout",
+)
+MECHANICAL_IDS = frozenset(
+    {
+        "cuda.block_size",
+        "cuda.restrict_const",
+        "cuda.pragma_unroll",
+        "cuda.launch_bounds",
+        "cuda.grid_stride",
+        "cuda.vectorize_float4",
+        "cuda.fast_math",
+        "cpu.omp_parallel_for",
+        "cpu.omp_simd",
+        "cpu.opt_flags",
+        "cpu.restrict",
+        "cpu.cache_block",
+    }
+)
+GLOBAL_PROMPT_CHARS = 700
+LOCAL_PROMPT_CHARS = 1200
+EXCERPT_CHARS = 400
+
+
+class MemoryDataError(ValueError):
+    """Memory data (seed, import file, store row) that does not fit the schema."""
+
+
+def _require(data: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(data, dict) or key not in data:
+        raise MemoryDataError(f"{where}: missing field {key!r}")
+    value = data[key]
+    if isinstance(value, bool) and kind in (int, float, (int, float)):
+        raise MemoryDataError(f"{where}: field {key!r} must be a number")
+    if not isinstance(value, kind):
+        raise MemoryDataError(f"{where}: field {key!r} has the wrong type")
+    return value
+
+
+def _str_list(data: dict[str, Any], key: str, where: str) -> list[str]:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise MemoryDataError(f"{where}: field {key!r} must be a list of strings")
+    return list(value)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass
+class Stats:
+    """Runtime statistics; `weight` is the (credit-weighted) sample count n."""
+
+    attempts: int = 0
+    compiled: int = 0
+    correct: int = 0
+    improved: int = 0
+    weight: float = 0.0
+    mean_reward: float = 0.0
+    trend: float = 0.0  # exponential moving average of recent rewards
+
+    def update(
+        self, reward: float, compiled: bool, correct: bool, improved: bool, w: float = 1.0
+    ) -> None:
+        """Fold one reward in with credit `w` (1 for nodes, alpha_k for prefix edges)."""
+        self.attempts += 1
+        self.compiled += int(compiled)
+        self.correct += int(correct)
+        self.improved += int(improved)
+        if w <= 0:
+            return
+        self.weight += w
+        self.mean_reward += w * (reward - self.mean_reward) / self.weight
+        rate = TREND_RATE * min(w, 1.0)
+        self.trend = reward if self.attempts == 1 else (1 - rate) * self.trend + rate * reward
+
+    def utility(self, prior: float, n0: float) -> float:
+        """Mean reward shrunk towards `prior` with pseudo-count `n0`."""
+        return (self.weight * self.mean_reward + n0 * prior) / (self.weight + n0)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "stats") -> Stats:
+        counts = [
+            _require(data, k, int, where) for k in ("attempts", "compiled", "correct", "improved")
+        ]
+        reals = [
+            float(_require(data, k, (int, float), where))
+            for k in ("weight", "mean_reward", "trend")
+        ]
+        if min(counts) < 0 or reals[0] < 0:
+            raise MemoryDataError(f"{where}: counts must not be negative")
+        if not all(math.isfinite(v) for v in reals):
+            raise MemoryDataError(f"{where}: numbers must be finite")
+        return cls(*counts, *reals)
+
+
+@dataclass
+class Evidence:
+    """One measured case for a local strategy."""
+
+    task_signature: str
+    status: str
+    speedup: float | None
+    runtime_ms: float | None
+    code_excerpt: str = ""
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "evidence") -> Evidence:
+        status = _require(data, "status", str, where)
+        if status not in STATUSES:
+            raise MemoryDataError(f"{where}: unknown status {status!r}")
+        numbers = {}
+        for key in ("speedup", "runtime_ms"):
+            value = data.get(key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float)
+            ):
+                raise MemoryDataError(f"{where}: field {key!r} must be a number or null")
+            numbers[key] = None if value is None else float(value)
+        return cls(
+            task_signature=_require(data, "task_signature", str, where),
+            status=status,
+            code_excerpt=_clip(str(data.get("code_excerpt", "")), EXCERPT_CHARS),
+            note=str(data.get("note", "")),
+            **numbers,
+        )
+
+
+@dataclass
+class GlobalNode:
+    """A coarse optimization direction."""
+
+    id: str
+    name: str
+    intent: str
+    goals: list[str] = field(default_factory=list)
+    triggers: list[str] = field(default_factory=list)
+    risks: list[str] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+
+    def prompt_text(self) -> str:
+        s = self.stats
+        lines = [
+            f"## {self.name} ({self.id})",
+            f"Intent: {self.intent}",
+            f"Goals: {'; '.join(self.goals)}",
+            f"Risks: {'; '.join(self.risks)}",
+            f"History: {s.attempts} attempts, {s.correct} correct, {s.improved} improved, "
+            f"mean reward {s.mean_reward:+.2f}",
+        ]
+        return _clip("\n".join(lines), GLOBAL_PROMPT_CHARS)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LocalNode:
+    """An executable strategy under exactly one global direction."""
+
+    id: str
+    parent: str
+    name: str
+    edit_pattern: str
+    checks: list[str] = field(default_factory=list)
+    applicability: list[str] = field(default_factory=list)
+    mechanical: str | None = None
+    stats: Stats = field(default_factory=Stats)
+    evidence_positive: list[Evidence] = field(default_factory=list)
+    evidence_negative: list[Evidence] = field(default_factory=list)
+
+    def record(self, evidence: Evidence) -> None:
+        """Keep the most useful cases: the largest speedups, and recent distinct failures."""
+        if evidence.status == "improved":
+            kept = [
+                e for e in self.evidence_positive if e.task_signature != evidence.task_signature
+            ]
+            best_same = [e for e in self.evidence_positive if e not in kept]
+            kept += [max([*best_same, evidence], key=_speedup_key)]
+            kept.sort(key=_speedup_key, reverse=True)
+            self.evidence_positive = kept[:EVIDENCE_BOUND]
+        else:
+            key = (evidence.status, evidence.task_signature)
+            older = [e for e in self.evidence_negative if (e.status, e.task_signature) != key]
+            self.evidence_negative = [evidence, *older][:EVIDENCE_BOUND]
+
+    def prompt_text(self) -> str:
+        lines = [
+            f"### {self.name} ({self.id}){' [mechanical]' if self.mechanical else ''}",
+            f"Edit: {self.edit_pattern}",
+            f"Checks: {'; '.join(self.checks)}",
+        ]
+        if self.evidence_positive:
+            best = self.evidence_positive[0]
+            lines.append(f"Worked: {best.task_signature} {_fmt_speedup(best.speedup)}")
+            if best.code_excerpt:
+                lines.append(f"```\n{_clip(best.code_excerpt, 300)}\n```")
+        for bad in self.evidence_negative[:2]:
+            lines.append(f"Warning: {bad.status} on {bad.task_signature} {_clip(bad.note, 120)}")
+        return _clip("\n".join(lines), LOCAL_PROMPT_CHARS)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _speedup_key(evidence: Evidence) -> float:
+    return evidence.speedup or 0.0
+
+
+def _fmt_speedup(value: float | None) -> str:
+    return "" if value is None else f"({value:.2f}x)"
+
+
+@dataclass
+class Edge:
+    """A transition between global directions (the source may be START)."""
+
+    src: str
+    dst: str
+    when: str = ""
+    why: str = ""
+    risks: list[str] = field(default_factory=list)
+    prior: float = 0.0
+    stats: Stats = field(default_factory=Stats)
+
+    def utility(self, n0: float) -> float:
+        return self.stats.utility(self.prior, n0)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Outcome:
+    """What one step produced; the input to the update."""
+
+    backend: str
+    task_signature: str
+    prefix: list[str]  # oldest to newest global ids, START first when the run is young
+    alphas: list[float]  # alphas[i] is the weight prefix[i] had in the decision
+    global_id: str
+    local_id: str
+    status: str
+    compiled: bool
+    correct: bool
+    speedup: float | None
+    runtime_ms: float | None
+    reward: float
+    code_excerpt: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Outcome:
+        where = "outcome"
+        prefix = _str_list(data, "prefix", where) if isinstance(data, dict) else []
+        alphas = data.get("alphas", []) if isinstance(data, dict) else []
+        if not isinstance(alphas, list) or len(alphas) != len(prefix):
+            raise MemoryDataError("outcome: alphas must be a list as long as prefix")
+        evidence = Evidence.from_json(data, where)
+        reward = float(_require(data, "reward", (int, float), where))
+        if not math.isfinite(reward):
+            raise MemoryDataError("outcome: reward must be finite")
+        return cls(
+            backend=_require(data, "backend", str, where),
+            task_signature=evidence.task_signature,
+            prefix=prefix,
+            alphas=[float(a) for a in alphas],
+            global_id=_require(data, "global_id", str, where),
+            local_id=_require(data, "local_id", str, where),
+            status=evidence.status,
+            compiled=bool(_require(data, "compiled", bool, where)),
+            correct=bool(_require(data, "correct", bool, where)),
+            speedup=evidence.speedup,
+            runtime_ms=evidence.runtime_ms,
+            reward=reward,
+            code_excerpt=evidence.code_excerpt,
+        )
+
+    def evidence(self) -> Evidence:
+        return Evidence(
+            task_signature=self.task_signature,
+            status=self.status,
+            speedup=self.speedup,
+            runtime_ms=self.runtime_ms,
+            code_excerpt=_clip(self.code_excerpt, EXCERPT_CHARS),
+            note=f"reward {self.reward:+.2f}",
+        )
+
+    def update_stats(self, stats: Stats, w: float = 1.0) -> None:
+        stats.update(self.reward, self.compiled, self.correct, self.status == "improved", w)
+
+
+@dataclass
+class Graph:
+    """One backend's memory: seed priors plus everything learned."""
+
+    backend: str
+    globals: dict[str, GlobalNode]
+    locals: dict[str, LocalNode]
+    edges: dict[tuple[str, str], Edge]
+    seed_version: str = ""
+
+    def locals_of(self, global_id: str) -> list[LocalNode]:
+        return [node for node in self.locals.values() if node.parent == global_id]
+
+    def edge(self, src: str, dst: str) -> Edge:
+        """The edge src -> dst, created (prior 0, no stats) when neither seed nor data has it."""
+        found = self.edges.get((src, dst))
+        if found is None:
+            found = self.edges[(src, dst)] = Edge(src, dst, why="learned from trajectories")
+        return found
+
+    def check_outcome(self, outcome: Outcome) -> None:
+        """Reject an outcome that names nodes this graph does not have."""
+        if outcome.backend != self.backend:
+            raise MemoryDataError(f"outcome for {outcome.backend!r} applied to {self.backend!r}")
+        local = self.locals.get(outcome.local_id)
+        if outcome.global_id not in self.globals or local is None:
+            raise MemoryDataError(
+                f"outcome names unknown nodes {outcome.global_id}/{outcome.local_id}"
+            )
+        if local.parent != outcome.global_id:
+            raise MemoryDataError(f"{outcome.local_id} is not under {outcome.global_id}")
+        unknown = [p for p in outcome.prefix if p != START and p not in self.globals]
+        if unknown:
+            raise MemoryDataError(f"outcome prefix names unknown directions {unknown}")
+
+    def apply_outcome(self, outcome: Outcome) -> None:
+        """The update rule: node stats, bounded evidence, each prefix edge by its alpha."""
+        self.check_outcome(outcome)
+        outcome.update_stats(self.globals[outcome.global_id].stats)
+        local = self.locals[outcome.local_id]
+        outcome.update_stats(local.stats)
+        local.record(outcome.evidence())
+        for src, alpha in zip(outcome.prefix, outcome.alphas, strict=True):
+            outcome.update_stats(self.edge(src, outcome.global_id).stats, alpha)
+
+
+# --- seed -----------------------------------------------------------------------------
+
+
+@cache
+def _seed_data(backend: str) -> dict[str, Any]:
+    if backend not in BACKENDS:
+        raise MemoryDataError(
+            f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})"
+        )
+    text = resources.files("htam_engine.memory").joinpath(f"seed/{backend}.toml").read_text()
+    return tomllib.loads(text)
+
+
+def load_seed(backend: str) -> Graph:
+    """A fresh Graph holding the seed priors of `backend` (no learned statistics)."""
+    data = _seed_data(backend)
+    if data.get("schema_version") != SEED_SCHEMA_VERSION:
+        raise MemoryDataError(f"seed {backend}: unsupported schema_version")
+    globals_ = {
+        g["id"]: GlobalNode(
+            id=g["id"],
+            name=g["name"],
+            intent=g["intent"],
+            goals=list(g.get("goals", [])),
+            triggers=list(g.get("triggers", [])),
+            risks=list(g.get("risks", [])),
+        )
+        for g in data["global"]
+    }
+    locals_ = {
+        lo["id"]: LocalNode(
+            id=lo["id"],
+            parent=lo["parent"],
+            name=lo["name"],
+            edit_pattern=lo["edit_pattern"],
+            checks=list(lo.get("checks", [])),
+            applicability=list(lo.get("applicability", [])),
+            mechanical=lo.get("mechanical"),
+        )
+        for lo in data["local"]
+    }
+    edges = {
+        (e["src"], e["dst"]): Edge(
+            src=e["src"],
+            dst=e["dst"],
+            when=e.get("when", ""),
+            why=e.get("why", ""),
+            risks=list(e.get("risks", [])),
+            prior=float(e.get("prior", 0.0)),
+        )
+        for e in data["edge"]
+    }
+    return Graph(backend, globals_, locals_, edges, seed_version=str(data["seed_version"]))
+
+
+def seed_version(backend: str) -> str:
+    return str(_seed_data(backend)["seed_version"])

@@ -1,0 +1,36 @@
+"""The selection policy: transition-aware global selection, local selection, reward."""
+
+from htam_engine.policy.global_select import (
+    MODES,
+    RELEVANCE,
+    Candidate,
+    EdgeTerm,
+    GlobalDecision,
+    PolicyConfig,
+    PrefixWeight,
+    make_prefix,
+    prefix_weights,
+    select_global,
+    softmax,
+)
+from htam_engine.policy.local_select import EvidenceLocalSelector, LocalDecision, LocalSelector
+from htam_engine.policy.reward import PENALTIES, reward
+
+__all__ = [
+    "MODES",
+    "PENALTIES",
+    "RELEVANCE",
+    "Candidate",
+    "EdgeTerm",
+    "EvidenceLocalSelector",
+    "GlobalDecision",
+    "LocalDecision",
+    "LocalSelector",
+    "PolicyConfig",
+    "PrefixWeight",
+    "make_prefix",
+    "prefix_weights",
+    "reward",
+    "select_global",
+    "softmax",
+]

@@ -1,0 +1,253 @@
+"""Transition-aware global selection (design step 3) and its ablations.
+
+score(g) = sum_k alpha_k U(g_{t-k} -> g) + beta U(g) + gamma trigger(g, s_t)
+alpha    = softmax_k(-lam (k - 1) + relevance_k)
+pi(g)    = softmax(score / tau), sampled from a seeded RNG.
+
+relevance_k comes from how step t-k ended (RELEVANCE): a step that improved the kernel
+tells more about what should follow than one that failed to compile.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from htam_engine.memory.model import START, Graph, LocalNode, Stats
+from htam_engine.state import PathEntry, State
+
+Mode = Literal["htam", "no_transitions", "flat", "no_local", "random"]
+MODES: tuple[str, ...] = ("htam", "no_transitions", "flat", "no_local", "random")
+RELEVANCE: dict[str, float] = {
+    "improved": 1.0,
+    "not_improved": 0.0,
+    "incorrect": -0.5,
+    "compile_error": -0.5,
+    "no_code": -0.5,
+    "crash": -0.5,
+    "timeout": -0.5,
+}
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Knobs of the policy. `mode` selects the full method or one of its ablations.
+
+    "no_local" selects globals exactly like "htam"; the loop then skips local selection.
+    """
+
+    K: int = 3
+    lam: float = 0.7
+    beta: float = 0.5
+    gamma: float = 0.5
+    tau: float = 0.3
+    n0: float = 3.0
+    mode: Mode = "htam"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown policy mode {self.mode!r} (expected one of {MODES})")
+        if self.K < 1 or self.tau <= 0 or self.n0 < 0:
+            raise ValueError("policy needs K >= 1, tau > 0 and n0 >= 0")
+
+
+@dataclass
+class PrefixWeight:
+    k: int  # 1 = the most recent step
+    source: str
+    relevance: float
+    alpha: float
+
+
+@dataclass
+class EdgeTerm:
+    src: str
+    k: int
+    alpha: float
+    n: float
+    mean: float
+    prior: float
+    utility: float
+    contribution: float
+
+
+@dataclass
+class Candidate:
+    id: str
+    name: str
+    parent: str | None  # the global direction of a local candidate (flat mode)
+    edge_terms: list[EdgeTerm]
+    node_n: float
+    node_mean: float
+    node_utility: float
+    trigger_matches: list[str]
+    trigger_total: int
+    trigger: float
+    score: float
+    probability: float = 0.0
+
+
+@dataclass
+class GlobalDecision:
+    """The choice and every number that went into it (hover shows this)."""
+
+    chosen: str
+    chosen_local: str | None  # set in flat mode, where a local strategy is chosen directly
+    mode: str
+    temperature: float
+    prefix: list[str]
+    weights: list[PrefixWeight]
+    candidates: list[Candidate] = field(default_factory=list)
+    draw: float = 0.0
+
+    @property
+    def alphas(self) -> list[float]:
+        """Weights aligned with `prefix` (oldest first), as `Outcome.alphas` expects."""
+        return [w.alpha for w in reversed(self.weights)]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["alphas"] = self.alphas
+        return data
+
+
+def make_prefix(path: Sequence[PathEntry], K: int) -> list[str]:
+    """The last K global ids, oldest first; one START in front while the run is younger than K."""
+    recent = [entry.global_id for entry in path[-K:]]
+    return recent if len(path) >= K else [START, *recent]
+
+
+def prefix_weights(prefix: Sequence[str], state: State, lam: float) -> list[PrefixWeight]:
+    """alpha_k for k = 1 (most recent) .. len(prefix), from position and step outcome."""
+    raw = []
+    for k in range(1, len(prefix) + 1):
+        source = prefix[-k]
+        entry = state.path[-k] if k <= len(state.path) else None
+        relevance = RELEVANCE.get(entry.status, 0.0) if entry and entry.global_id == source else 0.0
+        raw.append((k, source, relevance, -lam * (k - 1) + relevance))
+    alphas = softmax([logit for *_, logit in raw])
+    return [PrefixWeight(k, s, r, a) for (k, s, r, _), a in zip(raw, alphas, strict=True)]
+
+
+def softmax(values: Sequence[float]) -> list[float]:
+    top = max(values)
+    exps = [math.exp(v - top) for v in values]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def _trigger(tags: Sequence[str], state_tags: set[str]) -> tuple[list[str], float]:
+    matches = sorted(set(tags) & state_tags)
+    return matches, (len(matches) / len(set(tags)) if tags else 0.0)
+
+
+def _node_terms(stats: Stats, config: PolicyConfig) -> tuple[float, float, float]:
+    return stats.weight, stats.mean_reward, stats.utility(0.0, config.n0)
+
+
+def select_global(
+    graph: Graph,
+    prefix: Sequence[str],
+    state: State,
+    config: PolicyConfig,
+    rng: random.Random,
+) -> GlobalDecision:
+    """Score every direction (or every local strategy in flat mode) and sample one."""
+    weights = prefix_weights(prefix, state, config.lam)
+    tags = state.tags()
+    if config.mode == "flat":
+        candidates = [_local_candidate(node, graph, tags, config) for node in graph.locals.values()]
+    else:
+        candidates = [_global_candidate(gid, graph, weights, tags, config) for gid in graph.globals]
+    if config.mode == "random":
+        probabilities = [1.0 / len(candidates)] * len(candidates)
+    else:
+        probabilities = softmax([c.score / config.tau for c in candidates])
+    for candidate, probability in zip(candidates, probabilities, strict=True):
+        candidate.probability = probability
+    draw = rng.random()
+    chosen = _sample(candidates, draw)
+    return GlobalDecision(
+        chosen=chosen.parent or chosen.id,
+        chosen_local=chosen.id if chosen.parent else None,
+        mode=config.mode,
+        temperature=config.tau,
+        prefix=list(prefix),
+        weights=weights,
+        candidates=candidates,
+        draw=draw,
+    )
+
+
+def _sample(candidates: list[Candidate], draw: float) -> Candidate:
+    cumulative = 0.0
+    for candidate in candidates:
+        cumulative += candidate.probability
+        if draw < cumulative:
+            return candidate
+    return candidates[-1]
+
+
+def _global_candidate(
+    gid: str, graph: Graph, weights: list[PrefixWeight], tags: set[str], config: PolicyConfig
+) -> Candidate:
+    node = graph.globals[gid]
+    terms = []
+    if config.mode != "no_transitions":
+        for w in weights:
+            edge = graph.edges.get((w.source, gid))
+            stats, prior = (edge.stats, edge.prior) if edge else (Stats(), 0.0)
+            utility = stats.utility(prior, config.n0)
+            terms.append(
+                EdgeTerm(
+                    w.source,
+                    w.k,
+                    w.alpha,
+                    stats.weight,
+                    stats.mean_reward,
+                    prior,
+                    utility,
+                    w.alpha * utility,
+                )
+            )
+    n, mean, utility = _node_terms(node.stats, config)
+    matches, trigger = _trigger(node.triggers, tags)
+    score = sum(t.contribution for t in terms) + config.beta * utility + config.gamma * trigger
+    return Candidate(
+        gid,
+        node.name,
+        None,
+        terms,
+        n,
+        mean,
+        utility,
+        matches,
+        len(set(node.triggers)),
+        trigger,
+        score,
+    )
+
+
+def _local_candidate(
+    node: LocalNode, graph: Graph, tags: set[str], config: PolicyConfig
+) -> Candidate:
+    """Flat retrieval: a local strategy scored by its own utility and applicability match."""
+    n, mean, utility = _node_terms(node.stats, config)
+    matches, trigger = _trigger(node.applicability, tags)
+    score = config.beta * utility + config.gamma * trigger
+    return Candidate(
+        node.id,
+        node.name,
+        node.parent,
+        [],
+        n,
+        mean,
+        utility,
+        matches,
+        len(set(node.applicability)),
+        trigger,
+        score,
+    )

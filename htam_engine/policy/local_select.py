@@ -1,0 +1,83 @@
+"""Local selection inside one direction (design step 4) behind one interface."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from htam_engine.memory.model import Graph, LocalNode
+from htam_engine.state import State
+
+MECHANICAL_BONUS = 1.0
+N0 = 3.0
+
+
+@dataclass
+class LocalDecision:
+    """The chosen strategy (None when nothing in the direction applies) and the ranking."""
+
+    local_id: str | None
+    reason: str
+    ranking: list[tuple[str, float, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "local_id": self.local_id,
+            "reason": self.reason,
+            "ranking": [{"id": i, "score": s, "why": w} for i, s, w in self.ranking],
+        }
+
+
+class LocalSelector(Protocol):
+    def choose(
+        self, graph: Graph, global_id: str, state: State, applicable: dict[str, str | None]
+    ) -> LocalDecision:
+        """Pick a local node under `global_id`.
+
+        `applicable` maps local id -> None when it can be applied to the current code,
+        else the reason why not; ids absent from it count as applicable.
+        """
+        ...
+
+
+class EvidenceLocalSelector:
+    """Ranks by applicability, mechanical first, then evidence and tag match (no LLM)."""
+
+    def choose(
+        self, graph: Graph, global_id: str, state: State, applicable: dict[str, str | None]
+    ) -> LocalDecision:
+        tags = state.tags()
+        scored = [self._score(node, state, tags) for node in graph.locals_of(global_id)]
+        usable = [(lid, score, why) for lid, score, why in scored if applicable.get(lid) is None]
+        blocked = [
+            (lid, -math.inf, f"not applicable: {applicable[lid]}")
+            for lid, _, _ in scored
+            if applicable.get(lid) is not None
+        ]
+        usable.sort(key=lambda item: (-item[1], item[0]))
+        ranking = usable + sorted(blocked)
+        if not usable:
+            return LocalDecision(None, f"no applicable strategy under {global_id}", ranking)
+        best_id, _, why = usable[0]
+        return LocalDecision(best_id, f"{graph.locals[best_id].name}: {why}", ranking)
+
+    @staticmethod
+    def _score(node: LocalNode, state: State, tags: set[str]) -> tuple[str, float, str]:
+        matches = sorted(set(node.applicability) & tags)
+        match = len(matches) / len(set(node.applicability)) if node.applicability else 0.0
+        utility = node.stats.utility(0.0, N0)
+        best = node.evidence_positive[0].speedup if node.evidence_positive else None
+        evidence = math.log(best) if best and best > 0 else 0.0
+        failed_here = sum(e.task_signature == state.task_signature for e in node.evidence_negative)
+        score = (MECHANICAL_BONUS if node.mechanical else 0.0) + utility + 0.5 * match
+        score += 0.2 * evidence - 0.5 * failed_here
+        parts = ["mechanical" if node.mechanical else "needs an LLM"]
+        if matches:
+            parts.append(f"matches {', '.join(matches)}")
+        if best:
+            parts.append(f"best {best:.2f}x on {node.evidence_positive[0].task_signature}")
+        if failed_here:
+            parts.append(f"failed {failed_here}x on this task")
+        parts.append(f"utility {utility:+.2f} over {node.stats.attempts} attempts")
+        return node.id, score, "; ".join(parts)
