@@ -1,0 +1,117 @@
+"""`make_provider`: pick a provider from arguments and the environment, and say why."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from htam_engine.llm.base import LLMError, Provider
+from htam_engine.llm.cache import ResponseCache
+from htam_engine.llm.prices import load_prices
+from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider, RetryPolicy
+from htam_engine.llm.replay import Recorder, ReplayProvider
+
+PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
+DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o-mini"}
+# Local OpenAI-compatible servers (vLLM, Ollama, llama.cpp) accept any key; the SDK needs one.
+NO_KEY = "no-key"
+
+
+def _show_url(url: str) -> str:
+    """A base URL without any user:password part, for the reason line."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _auto(base_url: str | None, cassette: Path | None, env: Mapping[str, str]) -> tuple[str, str]:
+    """(provider name, why) for `--provider auto`."""
+    if cassette is not None:
+        return "replay", "a cassette was given"
+    if base_url:
+        return "openai", "a base URL was given"
+    if env.get("ANTHROPIC_API_KEY"):
+        return "anthropic", "ANTHROPIC_API_KEY is set"
+    if env.get("OPENAI_API_KEY"):
+        return "openai", "OPENAI_API_KEY is set"
+    if env.get("HTAM_LLM_BASE_URL"):
+        return "openai", "HTAM_LLM_BASE_URL is set"
+    if env.get("HTAM_CASSETTE"):
+        return "replay", "HTAM_CASSETTE is set"
+    return "offline", "no API key or base URL in the environment"
+
+
+def _remote(
+    name: str,
+    model: str,
+    base_url: str | None,
+    env: Mapping[str, str],
+    cache: bool,
+    retry: RetryPolicy | None,
+) -> Provider:
+    prices = load_prices(env)
+    store = ResponseCache() if cache else None
+    if name == "anthropic":
+        key = env.get("ANTHROPIC_API_KEY")
+        if not key:
+            raise LLMError("provider anthropic needs ANTHROPIC_API_KEY in the environment")
+        return AnthropicProvider(
+            model, api_key=key, base_url=base_url, prices=prices, cache=store, retry=retry
+        )
+    key = env.get("OPENAI_API_KEY") or ""
+    if not key and not base_url:
+        raise LLMError(
+            "provider openai needs OPENAI_API_KEY, or a base URL (--base-url or "
+            "HTAM_LLM_BASE_URL) of an OpenAI-compatible server"
+        )
+    return OpenAIProvider(
+        model, api_key=key or NO_KEY, base_url=base_url, prices=prices, cache=store, retry=retry
+    )
+
+
+def make_provider(
+    name: str = "auto",
+    *,
+    model: str | None = None,
+    base_url: str | None = None,
+    cassette: str | Path | None = None,
+    record: str | Path | None = None,
+    env: Mapping[str, str] = os.environ,
+    cache: bool = True,
+    retry: RetryPolicy | None = None,
+) -> tuple[Provider | None, str]:
+    """The provider (None = offline) and one line saying which one and why.
+
+    Raises `LLMError` for an unknown name or a provider that lacks what it needs.
+    """
+    if name not in PROVIDERS:
+        raise LLMError(f"unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}")
+    cassette_path = Path(cassette) if cassette else None
+    why = f"--provider {name}"
+    if name == "auto":
+        name, why = _auto(base_url, cassette_path, env)
+    if name == "offline":
+        return None, f"offline: mechanical strategies only ({why})"
+    provider: Provider
+    if name == "replay":
+        cassette_path = cassette_path or (
+            Path(env["HTAM_CASSETTE"]) if env.get("HTAM_CASSETTE") else None
+        )
+        if cassette_path is None:
+            raise LLMError("provider replay needs a cassette (--cassette or HTAM_CASSETTE)")
+        provider = ReplayProvider(cassette_path)
+        line = f"replay from {cassette_path} ({why})"
+    else:
+        base_url = base_url or (env.get("HTAM_LLM_BASE_URL") if name == "openai" else None)
+        chosen = model or env.get("HTAM_LLM_MODEL") or DEFAULT_MODELS[name]
+        provider = _remote(name, chosen, base_url, env, cache, retry)
+        where = f" at {_show_url(base_url)}" if base_url else ""
+        line = f"{name} {chosen}{where} ({why})"
+    if record:
+        provider = Recorder(provider, Path(record))
+        line += f"; recording to {record}"
+    return provider, line

@@ -1,0 +1,130 @@
+"""Prompts for the two LLM calls of a step, each with a bounded token budget.
+
+Every section has its own budget (`BUDGET`), so a prompt stays the same size however
+much the memory grows: long inputs are cut (head and tail kept), warnings are capped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from htam_engine.llm.tokens import truncate_tokens
+
+LANGUAGES = {"python": "python", "cuda": "cuda", "cpp": "cpp"}
+
+# Tokens per section (cl100k). The sum bounds a generation prompt to about 10k tokens.
+BUDGET = {
+    "task": 1800,
+    "code": 4500,
+    "feedback": 600,
+    "local": 900,
+    "positive": 1200,
+    "warning": 120,
+    "state": 900,
+    "global": 700,
+    "candidate": 250,
+}
+MAX_WARNINGS = 5
+MAX_CANDIDATES = 12
+
+_FILE_RULES = {
+    "python": (
+        "a complete Python file that defines `class ModelNew(torch.nn.Module)` with the same "
+        "constructor arguments and forward signature as the reference `Model`, building its "
+        "kernel with torch.utils.cpp_extension.load_inline (or htam_engine.kernels.load_cpp)"
+    ),
+    "cuda": "a complete CUDA source file (.cu) that keeps every exported function signature",
+    "cpp": "a complete C++ source file that keeps every exported function signature",
+}
+
+GENERATION_SYSTEM = """You are an expert {target} performance engineer. You rewrite one \
+kernel implementation to make it faster while keeping its results correct within the \
+reference's tolerance.
+Rules:
+- Answer with {file_rule}.
+- Put the whole file in ONE fenced code block (```{fence} ... ```); nothing after it but \
+at most one short sentence.
+- Apply the requested optimization strategy; respect its checks.
+- The computation must really run in your kernel: no calls back into the PyTorch \
+reference, no cached or precomputed outputs, no side streams or threads that hide work, \
+no lower precision unless the strategy says so."""
+
+LOCAL_SYSTEM = """You choose the next optimization strategy for a kernel, inside a \
+direction that was already chosen. Answer with ONE JSON object and nothing else: \
+{"local": "<one candidate id>", "reason": "<one line: why this strategy, now>"}."""
+
+
+def _section(title: str, body: str) -> str:
+    return f"## {title}\n{body.strip()}\n"
+
+
+def _fenced(text: str, fence: str, budget: int) -> str:
+    return f"```{fence}\n{truncate_tokens(text.strip(), budget)}\n```"
+
+
+_TARGETS = {"python": "GPU (CUDA) and CPU (C++)", "cuda": "CUDA", "cpp": "CPU C++ (OpenMP/SIMD)"}
+
+
+def generation_prompt(
+    task_source: str,
+    current_code: str,
+    feedback: str,
+    local_text: str,
+    positive_example: str | None,
+    negative_warnings: Sequence[str],
+    language: str,
+) -> tuple[str, str]:
+    """(system, prompt) asking for the next implementation as one fenced file.
+
+    `local_text` is `LocalNode.prompt_text()`: the strategy, its edit pattern and checks.
+    """
+    if language not in LANGUAGES:
+        raise ValueError(f"language must be one of {', '.join(LANGUAGES)}, not {language!r}")
+    fence = LANGUAGES[language]
+    system = GENERATION_SYSTEM.format(
+        target=_TARGETS[language], file_rule=_FILE_RULES[language], fence=fence
+    )
+    parts = [
+        _section("Task (the PyTorch reference)", _fenced(task_source, "python", BUDGET["task"])),
+        _section("Current implementation", _fenced(current_code, fence, BUDGET["code"])),
+        _section("Last feedback", truncate_tokens(feedback or "none yet", BUDGET["feedback"])),
+        _section("Strategy to apply", truncate_tokens(local_text, BUDGET["local"])),
+    ]
+    if positive_example:
+        parts.append(
+            _section(
+                "An example where this strategy worked",
+                _fenced(positive_example, fence, BUDGET["positive"]),
+            )
+        )
+    warnings = [truncate_tokens(w.strip(), BUDGET["warning"]) for w in negative_warnings if w]
+    if warnings:
+        shown = "\n".join(f"- {w}" for w in warnings[:MAX_WARNINGS])
+        parts.append(_section("Where this strategy failed before (avoid)", shown))
+    parts.append(f"Write the new implementation now: the complete file in one ```{fence} block.")
+    return system, "\n".join(parts)
+
+
+def local_selection_prompt(
+    state_text: str, global_text: str, candidates: Sequence[tuple[str, str]]
+) -> tuple[str, str]:
+    """(system, prompt) asking which local strategy to apply, answered as JSON.
+
+    Shows only the state, the chosen global node's memory (`GlobalNode.prompt_text()`)
+    and its candidates as (local id, `LocalNode.prompt_text()`).
+    """
+    if not candidates:
+        raise ValueError("local selection needs at least one candidate strategy")
+    listed = "\n\n".join(
+        f"### {local_id}\n{truncate_tokens(text, BUDGET['candidate'])}"
+        for local_id, text in candidates[:MAX_CANDIDATES]
+    )
+    prompt = "\n".join(
+        [
+            _section("Current state", truncate_tokens(state_text, BUDGET["state"])),
+            _section("Chosen direction", truncate_tokens(global_text, BUDGET["global"])),
+            _section("Candidate strategies", listed),
+            'Answer: {"local": "<id>", "reason": "<one line>"}',
+        ]
+    )
+    return LOCAL_SYSTEM, prompt
