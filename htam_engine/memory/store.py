@@ -221,7 +221,7 @@ class MemoryStore:
             "SELECT kind, id, value FROM learned WHERE backend = ?", (backend,)
         ).fetchall()
         for kind, key, value in rows:
-            _overlay(graph, kind, key, json.loads(value))
+            _overlay(graph, kind, key, _decode(value, f"{backend} {kind} {key}"))
         return graph
 
     def apply_outcome(self, outcome: Outcome) -> None:
@@ -242,7 +242,7 @@ class MemoryStore:
                 (outcome.backend, kind, key),
             ).fetchone()
             if row is not None:
-                _overlay(graph, kind, key, json.loads(row[0]))
+                _overlay(graph, kind, key, _decode(row[0], f"{kind} {key}"))
         graph.apply_outcome(outcome)
         for kind, key in keys:
             tx.execute(
@@ -273,7 +273,7 @@ class MemoryStore:
         row = self._db.execute(
             "SELECT value FROM kv WHERE namespace = ? AND key = ?", (namespace, key)
         ).fetchone()
-        return None if row is None else json.loads(row[0])
+        return None if row is None else _decode(row[0], f"{namespace}/{key}")
 
     def items(self, namespace: str) -> list[tuple[str, Any]]:
         """Every (key, value) of a namespace, newest first."""
@@ -281,7 +281,7 @@ class MemoryStore:
             "SELECT key, value FROM kv WHERE namespace = ? ORDER BY updated DESC, key",
             (namespace,),
         ).fetchall()
-        return [(key, json.loads(value)) for key, value in rows]
+        return [(key, _decode(value, f"{namespace}/{key}")) for key, value in rows]
 
     # --- export / import / reset -----------------------------------------------------------
 
@@ -337,6 +337,16 @@ class MemoryStore:
 
 
 # --- learned rows <-> graph --------------------------------------------------------------
+
+
+def _decode(text: Any, where: str) -> Any:
+    """A stored value: JSON text only; anything else is reported, never interpreted."""
+    if not isinstance(text, str):
+        raise MemoryDataError(f"store row {where} is not JSON text")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise MemoryDataError(f"store row {where} is not valid JSON: {error}") from error
 
 
 def _learned_value(graph: Graph, kind: str, key: str) -> dict[str, Any]:

@@ -1,0 +1,77 @@
+"""The curated seed memory: counts, structure and vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+
+from htam_engine.memory import BACKENDS, MECHANICAL_IDS, START, load_seed
+
+MIN_COUNTS = {"cuda": (7, 35), "cpu": (5, 15)}
+# The shared tag vocabulary of docs/ARCHITECTURE.md ("Feature tags").
+TAGS = set(
+    """shared_memory no_shared_memory vectorized_loads scalar_loads grid_stride no_grid_stride
+    restrict_pointers no_restrict launch_bounds no_launch_bounds pragma_unroll fixed_trip_loop
+    loops nested_loops atomics warp_shuffle syncthreads tensor_cores half_precision
+    multiple_kernels small_block large_block fast_math no_fast_math openmp no_openmp
+    simd_pragma no_simd opt_O3 low_opt march_native blocked_loops elementwise reduction
+    matmul fused unknown first_step compile_error incorrect crash timeout no_code slower
+    improved plateau""".split()
+)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seed_has_enough_directions_and_strategies(backend: str) -> None:
+    graph = load_seed(backend)
+    min_globals, min_locals = MIN_COUNTS[backend]
+    assert len(graph.globals) >= min_globals
+    assert len(graph.locals) >= min_locals
+    assert graph.seed_version
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_local_has_one_existing_parent_and_every_direction_has_strategies(
+    backend: str,
+) -> None:
+    graph = load_seed(backend)
+    assert all(node.parent in graph.globals for node in graph.locals.values())
+    assert all(graph.locals_of(gid) for gid in graph.globals)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_edges_connect_existing_directions_and_start_leads_somewhere(backend: str) -> None:
+    graph = load_seed(backend)
+    for src, dst in graph.edges:
+        assert src == START or src in graph.globals
+        assert dst in graph.globals
+    assert any(src == START for src, _ in graph.edges)
+    assert all(0.0 <= edge.prior <= 1.0 and edge.why for edge in graph.edges.values())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mechanical_ids_are_registered_names_of_this_backend(backend: str) -> None:
+    graph = load_seed(backend)
+    used = {n.mechanical for n in graph.locals.values() if n.mechanical}
+    assert used <= MECHANICAL_IDS
+    assert all(m.startswith(f"{backend}.") for m in used)
+    assert used == {m for m in MECHANICAL_IDS if m.startswith(f"{backend}.")}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_triggers_and_applicability_use_the_shared_vocabulary(backend: str) -> None:
+    graph = load_seed(backend)
+    words = {t for g in graph.globals.values() for t in g.triggers}
+    words |= {t for lo in graph.locals.values() for t in lo.applicability}
+    assert words <= TAGS, words - TAGS
+
+
+def test_prompt_texts_are_bounded_and_carry_evidence() -> None:
+    from htam_engine.memory import Evidence
+
+    graph = load_seed("cuda")
+    node = graph.locals["vectorized_float4"]
+    node.record(Evidence("cuda:relu:f32[1M]", "improved", 1.7, 0.1, "float4 v = ...", ""))
+    node.record(Evidence("cuda:add:f32[7]", "incorrect", None, None, "", "tail dropped"))
+    text = node.prompt_text()
+    assert "float4 v = ..." in text and "tail dropped" in text
+    assert len(text) <= 1200
+    assert all(len(g.prompt_text()) <= 700 for g in graph.globals.values())
