@@ -98,14 +98,14 @@ def has_errors(source: str | bytes, language: str) -> bool:
 # --- Python: embedded sources -------------------------------------------------------
 
 
-def _call_name(call: Node) -> str:
+def call_name(call: Node) -> str:
     func = call.child_by_field_name("function")
     if func is None:
         return ""
     return text(func).rsplit(".", 1)[-1]
 
 
-def _module_assignments(root: Node) -> dict[str, Node]:
+def module_assignments(root: Node) -> dict[str, Node]:
     """Module-level `NAME = <value>` assignments (the last one wins)."""
     found: dict[str, Node] = {}
     for stmt in root.children:
@@ -113,15 +113,15 @@ def _module_assignments(root: Node) -> dict[str, Node]:
             continue
         assign = stmt.children[0]
         left, right = assign.child_by_field_name("left"), assign.child_by_field_name("right")
-        if assign.type == "assignment" and left is not None and right is not None:
-            if left.type == "identifier":
-                found[text(left)] = right
+        is_name = left is not None and left.type == "identifier"
+        if assign.type == "assignment" and is_name and right is not None:
+            found[text(left)] = right
     return found
 
 
 def loader_calls(tree: Tree) -> list[Node]:
     """Calls to load_inline / load_cpp (any qualification) in a Python tree."""
-    return [n for n in walk(tree.root_node) if n.type == "call" and _call_name(n) in LOADERS]
+    return [n for n in walk(tree.root_node) if n.type == "call" and call_name(n) in LOADERS]
 
 
 def call_argument(call: Node, keyword: str, position: int | None = None) -> Node | None:
@@ -155,7 +155,7 @@ def _string_content(string: Node) -> tuple[int, int] | None:
 
 def _source_values(call: Node) -> Iterator[tuple[str, str, Node]]:
     """(language, keyword, value node) for each source argument of a loader call."""
-    if _call_name(call) == "load_cpp":
+    if call_name(call) == "load_cpp":
         value = call_argument(call, "source", 1)
         if value is not None:
             yield "cpp", "source", value
@@ -171,7 +171,7 @@ def embedded_sources(python_source: str | bytes) -> list[Embedded]:
     module-level variable) to `load_inline` (cpp_sources/cuda_sources) or `load_cpp`."""
     data = _as_bytes(python_source)
     tree = parse(data, "python")
-    assignments = _module_assignments(tree.root_node)
+    assignments = module_assignments(tree.root_node)
     found: dict[int, Embedded] = {}
     for call in loader_calls(tree):
         for language, keyword, value in _source_values(call):
@@ -182,7 +182,7 @@ def embedded_sources(python_source: str | bytes) -> list[Embedded]:
                 span = _string_content(literal)
                 if span is None or span[0] in found:
                     continue
-                label = item_name or name or f"{_call_name(call)}.{keyword}"
+                label = item_name or name or f"{call_name(call)}.{keyword}"
                 found[span[0]] = Embedded(
                     name=label,
                     language=language,
@@ -190,7 +190,7 @@ def embedded_sources(python_source: str | bytes) -> list[Embedded]:
                     end_byte=span[1],
                     start_point=_point(data, span[0]),
                     text=data[span[0] : span[1]].decode(),
-                    call=_call_name(call),
+                    call=call_name(call),
                     call_start_byte=call.start_byte,
                 )
     return sorted(found.values(), key=lambda e: e.start_byte)
@@ -204,10 +204,10 @@ def _point(data: bytes, offset: int) -> tuple[int, int]:
 def flag_values(python_source: str | bytes, keyword: str) -> list[str]:
     """Every string in the `keyword` flags lists (e.g. "extra_cflags") of loader calls."""
     tree = parse(python_source, "python")
-    assignments = _module_assignments(tree.root_node)
+    assignments = module_assignments(tree.root_node)
     flags: list[str] = []
     for call in loader_calls(tree):
-        position = 2 if _call_name(call) == "load_cpp" and keyword == "extra_cflags" else None
+        position = 2 if call_name(call) == "load_cpp" and keyword == "extra_cflags" else None
         value = call_argument(call, keyword, position)
         if value is None:
             continue
@@ -291,8 +291,8 @@ def loop_pragma(loop: Node) -> str:
     """The text of the `#pragma` right before `loop`, or ""."""
     previous = loop.prev_named_sibling
     if previous is not None and previous.type == "preproc_call":
-        if text(previous.child_by_field_name("directive")) == "#pragma":
-            return text(previous).strip()
+        directive = text(previous.child_by_field_name("directive"))
+        return text(previous).strip() if directive == "#pragma" else ""
     return ""
 
 
@@ -306,10 +306,10 @@ def constants(root: Node) -> dict[str, str]:
                 found[text(node.child_by_field_name("name"))] = value
         elif node.type == "declaration" and re.search(r"\b(const|constexpr)\b", text(node)):
             for decl in node.named_children:
-                value = decl.child_by_field_name("value")
-                if decl.type == "init_declarator" and value is not None:
-                    if value.type == "number_literal":
-                        found[text(decl.child_by_field_name("declarator"))] = text(value)
+                literal = decl.child_by_field_name("value")
+                is_number = literal is not None and literal.type == "number_literal"
+                if decl.type == "init_declarator" and is_number:
+                    found[text(decl.child_by_field_name("declarator"))] = text(literal)
     return found
 
 
@@ -365,7 +365,7 @@ def kernels(source: str | bytes, language: str) -> list[KernelUnit]:
         if node.type == "class_definition"
         and text(node.child_by_field_name("name")) in ("Model", "ModelNew")
     ]
-    units += [_unit(c, _call_name(c), "module", "python", 0, data) for c in loader_calls(tree)]
+    units += [_unit(c, call_name(c), "module", "python", 0, data) for c in loader_calls(tree)]
     for emb in embedded_sources(data):
         units += _cxx_kernels(emb.text.encode(), emb.language, emb.start_byte, data)
     return sorted(units, key=lambda u: u.start_byte)
@@ -557,7 +557,7 @@ def _submodules(cls: Node) -> dict[str, str]:
         if node.type == "assignment":
             left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
             if left is not None and right is not None and right.type == "call":
-                found[text(left)] = _call_name(right)
+                found[text(left)] = call_name(right)
     return found
 
 

@@ -1,0 +1,14 @@
+"""Mechanical rewrites keyed by id (the `mechanical` field of local memory nodes).
+
+`REGISTRY[id].check(source)` says why a rewrite does not apply (None when it does);
+`REGISTRY[id].apply(source)` returns the rewritten file. Both take the whole candidate
+file: a `.py` with embedded `load_inline` / `load_cpp` sources, or a raw `.cu` / `.cpp`.
+"""
+
+from htam_engine.strategies.base import NotApplicable, Rewrite
+from htam_engine.strategies.cpu import REWRITES as _CPU
+from htam_engine.strategies.cuda import REWRITES as _CUDA
+
+REGISTRY: dict[str, Rewrite] = {rewrite.id: rewrite for rewrite in (*_CUDA, *_CPU)}
+
+__all__ = ["REGISTRY", "NotApplicable", "Rewrite"]

@@ -1,0 +1,176 @@
+"""Small, conservative static analyses of C++/CUDA trees that decide applicability."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tree_sitter import Node
+
+from htam_engine import parsing
+from htam_engine.parsing import text, walk
+from htam_engine.strategies.base import mentions
+
+WRITES = ("assignment_expression", "update_expression")
+EXITS = ("return_statement", "break_statement", "goto_statement")
+
+
+def write_targets(node: Node) -> list[tuple[Node, str]]:
+    """(target, operator) of every assignment / ++ / -- under `node`."""
+    found = []
+    for n in walk(node):
+        if n.type == "assignment_expression":
+            left, op = n.child_by_field_name("left"), n.child_by_field_name("operator")
+            if left is not None:
+                found.append((left, text(op)))
+        elif n.type == "update_expression":
+            argument = n.child_by_field_name("argument")
+            if argument is not None:
+                found.append((argument, "++"))
+    return found
+
+
+def declared_names(node: Node) -> dict[str, Node]:
+    """Variables declared under `node` -> the declarator holding their initializer."""
+    found: dict[str, Node] = {}
+    for n in walk(node):
+        if n.type == "init_declarator":
+            inner = n.child_by_field_name("declarator")
+            while inner is not None and inner.type != "identifier":
+                inner = inner.child_by_field_name("declarator")
+            if inner is not None:
+                found[text(inner)] = n
+    return found
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A canonical counted loop: `for (T v = START; v < BOUND; ++v / v += STEP)`."""
+
+    node: Node
+    var: str
+    type: str
+    start: Node
+    bound: Node
+    unit_step: bool
+
+
+def canonical(loop: Node) -> Loop | None:
+    if loop.type != "for_statement":
+        return None
+    init = loop.child_by_field_name("initializer")
+    cond = loop.child_by_field_name("condition")
+    update = loop.child_by_field_name("update")
+    if init is None or init.type != "declaration" or cond is None or update is None:
+        return None
+    declarators = [d for d in init.named_children if d.type == "init_declarator"]
+    if len(declarators) != 1 or cond.type != "binary_expression":
+        return None
+    var = text(declarators[0].child_by_field_name("declarator"))
+    start = declarators[0].child_by_field_name("value")
+    bound = cond.child_by_field_name("right")
+    if start is None or bound is None or text(cond.child_by_field_name("left")) != var:
+        return None
+    if text(cond.child_by_field_name("operator")) not in ("<", "<="):
+        return None
+    unit = re.fullmatch(rf"(\+\+\s*{var}|{var}\s*\+\+|{var}\s*\+=\s*1)", text(update))
+    stepping = re.fullmatch(rf"{var}\s*\+=\s*\w+", text(update))
+    if not (unit or stepping):
+        return None
+    kind = text(init.child_by_field_name("type"))
+    return Loop(loop, var, kind, start, bound, unit is not None)
+
+
+def derived_names(loop: Loop) -> set[str]:
+    """The loop variable and every variable declared in the loop whose initializer (or,
+    for inner loops, start) depends on it: the data each iteration owns."""
+    declared = declared_names(loop.node.child_by_field_name("body") or loop.node)
+    derived = {loop.var}
+    changed = True
+    while changed:
+        changed = False
+        for name, decl in declared.items():
+            value = decl.child_by_field_name("value")
+            if name not in derived and value is not None and mentions(value, derived):
+                derived.add(name)
+                changed = True
+    return derived
+
+
+def carried_reason(loop: Loop, reductions: set[str] | None = None) -> str | None:
+    """Why iterations of `loop` may depend on each other, or None when they look
+    independent. Outer scalars updated only by `+=` are added to `reductions` when a set
+    is given (they become reduction clauses)."""
+    body = loop.node.child_by_field_name("body")
+    if body is None:
+        return "a loop without a body"
+    if any(n.type in EXITS for n in walk(body)):
+        return "the loop exits early"
+    local = set(declared_names(body))
+    derived = derived_names(loop)
+    for target, op in write_targets(body):
+        if target.type == "identifier":
+            name = text(target)
+            if name in local:
+                continue
+            uses = sum(1 for n in walk(body) if n.type == "identifier" and text(n) == name)
+            if reductions is not None and op == "+=" and uses == 1:
+                reductions.add(name)
+                continue
+            return f"the loop updates the outer variable {name!r}"
+        if target.type != "subscript_expression" or not mentions(target, derived):
+            return f"the write to {text(target)!r} does not depend on {loop.var!r}"
+    return None
+
+
+def in_compound(node: Node) -> bool:
+    return node.parent is not None and node.parent.type == "compound_statement"
+
+
+@dataclass(frozen=True)
+class Guard:
+    """`T i = <thread index>; if (i < BOUND) BODY` closing a kernel: one thread per item."""
+
+    declaration: Node
+    branch: Node
+    var: str
+    type: str
+    index: Node
+    bound: Node
+    body: Node
+
+
+def thread_guard(kernel: Node) -> Guard | str:
+    body = kernel.child_by_field_name("body")
+    statements = [s for s in body.named_children if s.type != "comment"] if body else []
+    if len(statements) < 2:
+        return "the kernel has no `if (i < n)` per-thread guard"
+    decl, branch = statements[-2], statements[-1]
+    declarators = [d for d in decl.named_children if d.type == "init_declarator"]
+    if decl.type != "declaration" or branch.type != "if_statement" or len(declarators) != 1:
+        return "the kernel does not end in `int i = ...; if (i < n) {...}`"
+    var = text(declarators[0].child_by_field_name("declarator"))
+    index = declarators[0].child_by_field_name("value")
+    cond = branch.child_by_field_name("condition")
+    test = cond.named_children[0] if cond is not None and cond.named_children else None
+    consequence = branch.child_by_field_name("consequence")
+    if index is None or "threadIdx" not in text(index) or test is None or consequence is None:
+        return "the per-thread index is not computed from threadIdx"
+    if test.type != "binary_expression" or text(test.child_by_field_name("left")) != var:
+        return f"the guard is not `{var} < n`"
+    if text(test.child_by_field_name("operator")) != "<" or branch.child_by_field_name(
+        "alternative"
+    ):
+        return f"the guard is not a plain `if ({var} < n)`"
+    if any(n.type in EXITS for n in walk(consequence)) or "__syncthreads" in text(consequence):
+        return "the guarded body returns or synchronises"
+    if any(text(t) == var for t, _ in write_targets(consequence)):
+        return f"the guarded body changes {var!r}"
+    kind = text(decl.child_by_field_name("type"))
+    bound = test.child_by_field_name("right")
+    assert bound is not None
+    return Guard(decl, branch, var, kind, index, bound, consequence)
+
+
+def kernels(root: Node) -> list[Node]:
+    return [fn for fn in parsing.functions(root) if parsing.is_global(fn)]
