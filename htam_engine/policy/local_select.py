@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,7 +32,7 @@ class LocalDecision:
 
 class LocalSelector(Protocol):
     def choose(
-        self, graph: Graph, global_id: str, state: State, applicable: dict[str, str | None]
+        self, graph: Graph, global_id: str, state: State, applicable: Mapping[str, str | None]
     ) -> LocalDecision:
         """Pick a local node under `global_id`.
 
@@ -45,7 +46,7 @@ class EvidenceLocalSelector:
     """Ranks by applicability, mechanical first, then evidence and tag match (no LLM)."""
 
     def choose(
-        self, graph: Graph, global_id: str, state: State, applicable: dict[str, str | None]
+        self, graph: Graph, global_id: str, state: State, applicable: Mapping[str, str | None]
     ) -> LocalDecision:
         tags = state.tags()
         scored = [self._score(node, state, tags) for node in graph.locals_of(global_id)]
