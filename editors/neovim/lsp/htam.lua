@@ -1,0 +1,19 @@
+--- HTAM language server: `vim.lsp.enable('htam')` is the whole set-up.
+--- Options come from `require('htam').setup({...})`; see `:help htam`.
+---@type vim.lsp.Config
+return {
+  cmd = { 'htam-lsp' },
+  filetypes = { 'cuda', 'python' },
+  root_markers = { 'htam.toml', '.git', 'pyproject.toml' },
+  settings = { htam = {} },
+  -- Read the options when the server starts, so setup() may run before or after enable().
+  before_init = function(params, config)
+    local htam = require('htam.config').sync(config.settings)
+    params.initializationOptions = vim.tbl_extend('force', config.init_options or {}, htam)
+  end,
+  handlers = {
+    ['htam/jobState'] = function(err, result, ctx)
+      return require('htam.jobs').on_job_state(err, result, ctx)
+    end,
+  },
+}

@@ -1,0 +1,104 @@
+--- User options for the HTAM plugin and their translation into the server's settings.
+local M = {}
+
+local PROVIDERS = { 'auto', 'anthropic', 'openai', 'replay', 'offline' }
+local DEVICES = { 'auto', 'cuda', 'cpu' }
+
+---@class htam.Options
+---@field cmd? string[] command that starts the language server (passed to vim.lsp.config)
+---@field provider? 'auto'|'anthropic'|'openai'|'replay'|'offline'
+---@field model? string
+---@field base_url? string OpenAI-compatible endpoint
+---@field steps? integer steps of `:HtamOptimize` without a count
+---@field device? 'auto'|'cuda'|'cpu'
+---@field allow_execution? boolean compile and run generated code (off by default)
+---@field cassette? string JSONL cassette for the replay provider
+---@field progress? boolean report job progress with vim.notify (default true)
+
+---@type htam.Options
+local defaults = {
+  provider = 'auto',
+  device = 'auto',
+  allow_execution = false,
+  progress = true,
+}
+
+---@type htam.Options
+M.options = vim.deepcopy(defaults)
+
+---@param name string
+---@param value any
+---@param allowed string[]
+local function check_choice(name, value, allowed)
+  if value ~= nil and not vim.list_contains(allowed, value) then
+    error(
+      ('htam.setup: %s must be one of %s, got %s'):format(
+        name,
+        table.concat(allowed, ', '),
+        vim.inspect(value)
+      ),
+      0
+    )
+  end
+end
+
+---@param opts htam.Options
+local function validate(opts)
+  local types = {
+    cmd = 'table',
+    model = 'string',
+    base_url = 'string',
+    steps = 'number',
+    allow_execution = 'boolean',
+    cassette = 'string',
+    progress = 'boolean',
+  }
+  for name, expected in pairs(types) do
+    local ok, err = pcall(vim.validate, name, opts[name], expected, true)
+    if not ok then
+      error('htam.setup: ' .. tostring(err), 0)
+    end
+  end
+  check_choice('provider', opts.provider, PROVIDERS)
+  check_choice('device', opts.device, DEVICES)
+  if opts.steps ~= nil and (opts.steps < 1 or opts.steps % 1 ~= 0) then
+    error('htam.setup: steps must be a positive integer', 0)
+  end
+  if opts.cmd ~= nil and type(opts.cmd[1]) ~= 'string' then
+    error('htam.setup: cmd must be a list of strings, e.g. { "htam-lsp" }', 0)
+  end
+end
+
+--- Merge `opts` into the current options (later calls refine earlier ones).
+---@param opts? htam.Options
+function M.apply(opts)
+  opts = opts or {}
+  validate(opts)
+  M.options = vim.tbl_deep_extend('force', M.options, opts)
+end
+
+--- The settings the server reads from `initializationOptions` and the `htam` section.
+---@return table<string, any>
+function M.server_settings()
+  local o = M.options
+  return {
+    provider = o.provider,
+    model = o.model,
+    baseUrl = o.base_url,
+    steps = o.steps,
+    device = o.device,
+    allowExecution = o.allow_execution == true,
+    cassette = o.cassette and vim.fs.normalize(vim.fn.fnamemodify(o.cassette, ':p')) or nil,
+  }
+end
+
+--- Write the server settings into a client's `settings` table (section `htam`): the
+--- options given to `setup()` win over values set with `vim.lsp.config`.
+---@param settings table
+---@return table<string, any> the merged `htam` section
+function M.sync(settings)
+  settings.htam = vim.tbl_extend('force', settings.htam or {}, M.server_settings())
+  return settings.htam
+end
+
+return M

@@ -1,0 +1,186 @@
+--- `:checkhealth htam`
+local config = require('htam.config')
+
+local M = {}
+
+local h = vim.health
+
+-- Modules the server needs, imported by the server's own interpreter.
+local PROBE = [[
+import importlib, json
+result = {}
+for name in ("htam_lsp", "tree_sitter_cuda", "tree_sitter_python"):
+    try:
+        importlib.import_module(name)
+        result[name] = None
+    except Exception as error:
+        result[name] = f"{type(error).__name__}: {error}"
+print(json.dumps(result))
+]]
+
+--- The interpreter that runs `exe`: itself, or the one named by its `#!` line.
+---@param exe string
+---@return string
+local function python_of(exe)
+  if vim.fs.basename(exe):match('^python') then
+    return exe
+  end
+  local file = io.open(exe, 'r')
+  local first = file and file:read('*l') or ''
+  if file then
+    file:close()
+  end
+  local words = vim.split((first:gsub('^#!%s*', '')), '%s+', { trimempty = true })
+  if first:sub(1, 2) == '#!' and words[1] then
+    if vim.fs.basename(words[1]) == 'env' and words[2] then
+      return vim.fn.exepath(words[2]) ~= '' and vim.fn.exepath(words[2]) or words[2]
+    end
+    if vim.fs.basename(words[1]):match('^python') then
+      return words[1]
+    end
+  end
+  return vim.fn.exepath('python3') ~= '' and vim.fn.exepath('python3') or 'python3'
+end
+
+---@param env? table<string, string>
+---@param name string
+---@return string?
+local function getenv(env, name)
+  local value = (env and env[name]) or vim.env[name]
+  return (value ~= nil and value ~= '') and value or nil
+end
+
+local function check_neovim()
+  h.start('Neovim')
+  local v = vim.version()
+  local version = ('%d.%d.%d'):format(v.major, v.minor, v.patch)
+  if vim.fn.has('nvim-0.11') == 1 then
+    h.ok('Neovim ' .. version)
+  else
+    h.error('Neovim ' .. version .. ' is too old', 'HTAM needs Neovim 0.11 or newer (vim.lsp.config)')
+  end
+end
+
+---@param python string
+---@param env? table<string, string>
+local function check_imports(python, env)
+  local run = vim.system({ python, '-c', PROBE }, { text = true, env = env }):wait(30000)
+  local ok, found = pcall(vim.json.decode, run.stdout or '')
+  if run.code ~= 0 or not ok or type(found) ~= 'table' then
+    h.error(('%s could not run the import check: %s'):format(python, vim.trim(run.stderr or '')))
+    return
+  end
+  local advice = {
+    htam_lsp = 'install HTAM into that environment: pip install htam',
+    tree_sitter_cuda = 'pip install tree-sitter-cuda',
+    tree_sitter_python = 'pip install tree-sitter-python',
+  }
+  for _, name in ipairs({ 'htam_lsp', 'tree_sitter_cuda', 'tree_sitter_python' }) do
+    if found[name] == vim.NIL or found[name] == nil then
+      h.ok(('`%s` imports in %s'):format(name, python))
+    else
+      h.error(('`%s` does not import in %s: %s'):format(name, python, found[name]), advice[name])
+    end
+  end
+end
+
+---@param cfg vim.lsp.Config
+local function check_server(cfg)
+  h.start('Language server')
+  if not vim.lsp.is_enabled('htam') then
+    h.warn("vim.lsp.enable('htam') has not been called", "add it to your config")
+  end
+  local cmd = cfg.cmd
+  if type(cmd) ~= 'table' or type(cmd[1]) ~= 'string' then
+    h.info('cmd is a function: the executable and its imports are not checked')
+    return
+  end
+  local exe = vim.fn.exepath(cmd[1])
+  if exe == '' then
+    h.error(
+      ('`%s` is not executable or not on $PATH'):format(cmd[1]),
+      { 'pip install htam (it provides htam-lsp)', "or require('htam').setup({ cmd = { '/path/to/htam-lsp' } })" }
+    )
+    return
+  end
+  h.ok(('server: %s'):format(table.concat(vim.list_extend({ exe }, vim.list_slice(cmd, 2)), ' ')))
+  check_imports(python_of(exe), cfg.cmd_env)
+  for _, client in ipairs(vim.lsp.get_clients({ name = 'htam' })) do
+    h.info(('running: client %d, root %s'):format(client.id, client.root_dir or '(none)'))
+  end
+end
+
+---@param env? table<string, string>
+local function check_provider(env)
+  h.start('LLM provider')
+  local o = config.options
+  local keys = vim.tbl_filter(function(name)
+    return getenv(env, name) ~= nil
+  end, { 'ANTHROPIC_API_KEY', 'OPENAI_API_KEY', 'HTAM_LLM_BASE_URL' })
+  if o.provider == 'offline' then
+    h.ok('offline: mechanical strategies only, no LLM')
+  elseif o.provider == 'replay' then
+    if not o.cassette then
+      h.error('provider = "replay" needs a cassette', "require('htam').setup({ cassette = 'run.jsonl' })")
+    elseif vim.fn.filereadable(vim.fn.fnamemodify(o.cassette, ':p')) == 0 then
+      h.error(('the cassette %s is not readable'):format(o.cassette))
+    else
+      h.ok('replay from ' .. o.cassette)
+    end
+  elseif o.provider == 'anthropic' and not getenv(env, 'ANTHROPIC_API_KEY') then
+    h.error('provider = "anthropic" but ANTHROPIC_API_KEY is not set')
+  elseif o.provider == 'openai' and not (o.base_url or getenv(env, 'OPENAI_API_KEY') or getenv(env, 'HTAM_LLM_BASE_URL')) then
+    h.error('provider = "openai" but neither OPENAI_API_KEY, base_url nor HTAM_LLM_BASE_URL is set')
+  elseif o.provider ~= 'auto' then
+    h.ok(('%s%s'):format(o.provider, o.model and (' (' .. o.model .. ')') or ''))
+  elseif #keys > 0 or o.base_url then
+    h.ok('auto: the server picks from ' .. table.concat(o.base_url and vim.list_extend({ 'base_url' }, keys) or keys, ', '))
+  else
+    h.warn(
+      'auto: no LLM configured, so only mechanical strategies run',
+      'set ANTHROPIC_API_KEY or OPENAI_API_KEY, or setup({ provider = "openai", base_url = ... })'
+    )
+  end
+end
+
+local function check_device()
+  h.start('Device')
+  local device = config.options.device
+  local gpu
+  if vim.fn.executable('nvidia-smi') == 1 then
+    local run = vim.system({ 'nvidia-smi', '-L' }, { text = true }):wait(10000)
+    if run.code == 0 and vim.trim(run.stdout or '') ~= '' then
+      gpu = vim.split(vim.trim(run.stdout), '\n')[1]
+    end
+  end
+  if gpu then
+    h.ok(('GPU: %s (device = %s)'):format(gpu, device))
+  elseif device == 'cuda' then
+    h.error('device = "cuda" but no NVIDIA GPU was found (nvidia-smi)', 'use device = "auto" or "cpu"')
+  else
+    h.ok(('no GPU found: candidates are evaluated on the CPU (device = %s)'):format(device))
+  end
+end
+
+local function check_execution()
+  h.start('Execution')
+  if config.options.allow_execution then
+    h.ok('allowed: generated code is compiled and run in isolated workers')
+  else
+    h.warn(
+      'off: :HtamNext and :HtamOptimize refuse to run generated code',
+      "opt in with require('htam').setup({ allow_execution = true })"
+    )
+  end
+end
+
+function M.check()
+  local cfg = vim.lsp.config.htam or {}
+  check_neovim()
+  check_server(cfg)
+  check_provider(cfg.cmd_env)
+  check_device()
+  check_execution()
+end
+
+return M

@@ -1,0 +1,254 @@
+--- HTAM for Neovim: user-facing actions behind the `:Htam*` commands.
+local config = require('htam.config')
+local jobs = require('htam.jobs')
+local ui = require('htam.ui')
+
+local M = {}
+
+local NAME = 'htam'
+local KIND = 'refactor.rewrite.htam'
+local WARN = vim.log.levels.WARN
+local ERROR = vim.log.levels.ERROR
+
+---@param msg string
+---@param level? integer
+local function say(msg, level)
+  vim.notify('HTAM: ' .. msg, level or vim.log.levels.INFO, { title = NAME })
+end
+
+--- Configure the plugin (may be called before or after `vim.lsp.enable('htam')`).
+---@param opts? htam.Options
+function M.setup(opts)
+  config.apply(opts)
+  if opts and opts.cmd then
+    vim.lsp.config(NAME, { cmd = opts.cmd })
+  end
+  for _, client in ipairs(vim.lsp.get_clients({ name = NAME })) do
+    config.sync(client.settings)
+    client:notify('workspace/didChangeConfiguration', { settings = client.settings })
+  end
+end
+
+--- The HTAM client of the current buffer; says why when there is none.
+---@param any_buffer? boolean accept a client attached to another buffer
+---@return vim.lsp.Client?
+local function get_client(any_buffer)
+  local filter = { name = NAME, bufnr = (not any_buffer) and 0 or nil }
+  local client = vim.lsp.get_clients(filter)[1]
+  if client then
+    return client
+  end
+  if not vim.lsp.is_enabled(NAME) then
+    say("the language server is not enabled: add vim.lsp.enable('htam') to your config", WARN)
+  else
+    say('htam-lsp is not attached to this buffer: open a CUDA (.cu) or Python kernel file', WARN)
+  end
+end
+
+---@param client vim.lsp.Client
+---@param command string
+---@param arguments table
+---@param on_result fun(result: any)
+local function execute(client, command, arguments, on_result)
+  local params = { command = command, arguments = arguments }
+  client:request('workspace/executeCommand', params, function(err, result)
+    if err then
+      say(('%s failed: %s'):format(command, err.message), ERROR)
+    else
+      on_result(result)
+    end
+  end, vim.api.nvim_get_current_buf())
+end
+
+---@param client vim.lsp.Client
+---@return { uri: string, position: lsp.Position }
+local function here(client)
+  local params = vim.lsp.util.make_position_params(0, client.offset_encoding)
+  return { uri = params.textDocument.uri, position = params.position }
+end
+
+---@return boolean
+local function execution_allowed()
+  if config.options.allow_execution then
+    return true
+  end
+  say(
+    'execution is off: HTAM compiles and runs generated code only after you opt in with '
+      .. "require('htam').setup({ allow_execution = true })",
+    WARN
+  )
+  return false
+end
+
+---@param command string
+---@param extra? table
+local function start_job(command, extra)
+  local client = get_client()
+  if not client or not execution_allowed() then
+    return
+  end
+  local args = vim.tbl_extend('force', here(client), extra or {})
+  execute(client, command, { args }, function(result)
+    if type(result) == 'table' and result.jobId ~= nil then
+      jobs.started(result.jobId, args.uri)
+      say(('job %s started'):format(result.jobId))
+    else
+      say(command .. ' started no job: ' .. vim.inspect(result), WARN)
+    end
+  end)
+end
+
+--- Run one optimization step for the kernel under the cursor (`:HtamNext`).
+function M.next_step()
+  start_job('htam.nextStep')
+end
+
+--- Run N steps (`:HtamOptimize [N]`); without N the server's or setup's `steps`.
+---@param steps? integer|string
+function M.optimize(steps)
+  local n ---@type number?
+  if steps ~= nil and steps ~= '' then
+    n = tonumber(steps)
+    if not n or n < 1 or n % 1 ~= 0 then
+      say(('HtamOptimize expects a positive number of steps, got %q'):format(steps), ERROR)
+      return
+    end
+  end
+  start_job('htam.optimize', { steps = n or config.options.steps })
+end
+
+---@param action lsp.CodeAction|lsp.Command
+---@return boolean
+local function is_htam_action(action)
+  local kind = action.kind
+  return type(kind) == 'string'
+    and (kind == KIND or vim.startswith(kind, KIND .. '.'))
+    and action.disabled == nil
+end
+
+---@param title string
+---@return number
+local function measured(title)
+  return tonumber(title:match('([%d.]+)x measured')) or 0
+end
+
+--- The preferred action, else the one with the highest measured speedup.
+---@param actions lsp.CodeAction[]
+---@return lsp.CodeAction
+local function best_of(actions)
+  local best = actions[1]
+  for _, action in ipairs(actions) do
+    if action.isPreferred and not best.isPreferred then
+      best = action
+    elseif
+      (action.isPreferred or false) == (best.isPreferred or false)
+      and measured(action.title) > measured(best.title)
+    then
+      best = action
+    end
+  end
+  return best
+end
+
+--- Apply the best verified suggestion at the cursor (`:HtamApply`), or pick one
+--- from a menu (`:HtamApply!`).
+---@param opts? { pick?: boolean }
+function M.apply(opts)
+  local client = get_client()
+  if not client then
+    return
+  end
+  local bufnr = vim.api.nvim_get_current_buf()
+  local params = vim.lsp.util.make_range_params(0, client.offset_encoding) --[[@as table]]
+  params.context = { only = { KIND }, diagnostics = {}, triggerKind = 1 }
+  client:request('textDocument/codeAction', params, function(err, result)
+    if err then
+      say('code actions failed: ' .. err.message, ERROR)
+      return
+    end
+    local actions = vim.tbl_filter(is_htam_action, result or {})
+    if #actions == 0 then
+      say('no verified suggestion here yet: run :HtamNext first', WARN)
+      return
+    end
+    if vim.api.nvim_get_current_buf() ~= bufnr then
+      say('the buffer changed before the suggestions arrived; run :HtamApply again', WARN)
+      return
+    end
+    local chosen = not (opts and opts.pick) and best_of(actions) or nil
+    vim.lsp.buf.code_action({
+      context = { only = { KIND }, diagnostics = {} },
+      filter = function(action)
+        return is_htam_action(action) and (chosen == nil or action.title == chosen.title)
+      end,
+      apply = chosen ~= nil,
+    })
+  end, bufnr)
+end
+
+---@param client vim.lsp.Client
+local function explain_by_hover(client)
+  local params = vim.lsp.util.make_position_params(0, client.offset_encoding)
+  client:request('textDocument/hover', params, function(err, result)
+    if err or type(result) ~= 'table' or not result.contents then
+      say('no rationale for this position yet: run :HtamNext on a kernel first', WARN)
+      return
+    end
+    local lines = vim.lsp.util.convert_input_to_markdown_lines(result.contents)
+    ui.float(table.concat(lines, '\n'))
+  end, vim.api.nvim_get_current_buf())
+end
+
+--- Show the memory rationale for the kernel under the cursor (`:HtamExplain`):
+--- `htam.explain`, or the server's hover where the command gives nothing.
+function M.explain()
+  local client = get_client()
+  if not client then
+    return
+  end
+  execute(client, 'htam.explain', { here(client) }, function(result)
+    if type(result) == 'table' and type(result.markdown) == 'string' and result.markdown ~= '' then
+      ui.float(result.markdown)
+    else
+      explain_by_hover(client)
+    end
+  end)
+end
+
+--- Cancel the running job (`:HtamCancel`).
+function M.cancel()
+  local client = get_client(true)
+  if not client then
+    return
+  end
+  local job = jobs.active()
+  local args = job and { jobId = job.jobId } or vim.empty_dict()
+  execute(client, 'htam.cancel', { args }, function()
+    say(job and ('cancel sent for job %s'):format(job.jobId) or 'cancel sent')
+  end)
+end
+
+--- Show the learned memory (`:HtamMemory [cuda|cpu]`) in a scratch buffer.
+---@param backend? string
+function M.memory(backend)
+  local client = get_client(true)
+  if not client then
+    return
+  end
+  local args = (backend and backend ~= '') and { backend = backend } or vim.empty_dict()
+  execute(client, 'htam.showMemory', { args }, function(result)
+    if type(result) == 'table' and type(result.markdown) == 'string' then
+      ui.scratch('htam://memory', result.markdown)
+    else
+      say('htam.showMemory returned no Markdown', WARN)
+    end
+  end)
+end
+
+--- One short line for a statusline while a job runs (`HTAM 2/6 compile`), else ''.
+---@return string
+function M.status()
+  return jobs.status()
+end
+
+return M

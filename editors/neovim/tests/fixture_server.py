@@ -1,0 +1,110 @@
+"""A small pygls server that speaks HTAM's editor protocol with canned results.
+
+It lets the plugin's Lua tests run in seconds, without the engine: one step "finds"
+two candidates, and the code actions replace the document with a marked candidate.
+The real end-to-end story is tested against `htam-lsp` in e2e.lua.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+
+KIND = "refactor.rewrite.htam"
+CANDIDATES = {"cpu.omp_simd": 1.25, "cpu.omp_parallel_for": 1.75}
+
+server = LanguageServer("htam-fixture", "0")
+state: dict[str, Any] = {"init": None, "done": set(), "jobs": 0, "cancelled": []}
+
+
+@server.feature(types.INITIALIZE)
+def initialize(ls: LanguageServer, params: types.InitializeParams) -> None:
+    state["init"] = params.initialization_options
+
+
+async def run_job(ls: LanguageServer, job_id: str, uri: str, steps: int) -> None:
+    token = f"htam-{job_id}"
+    await ls.work_done_progress.create_async(token)
+    ls.work_done_progress.begin(token, types.WorkDoneProgressBegin(title="HTAM", cancellable=True))
+    for step in range(1, steps + 1):
+        job = {"jobId": job_id, "uri": uri, "kernel": "ModelNew", "steps": steps, "step": step}
+        ls.protocol.notify("htam/jobState", {**job, "state": "running", "phase": "compile"})
+        ls.work_done_progress.report(token, types.WorkDoneProgressReport(message="compile"))
+        await asyncio.sleep(0.05)
+    ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message="done"))
+    state["done"].add(uri)
+    best = max(CANDIDATES.values())
+    ls.protocol.notify("htam/jobState", {**job, "state": "done", "bestSpeedup": best})
+
+
+def start(ls: LanguageServer, args: dict[str, Any], steps: int) -> dict[str, str]:
+    state["jobs"] += 1
+    job_id = str(state["jobs"])
+    asyncio.get_running_loop().create_task(run_job(ls, job_id, args["uri"], steps))
+    return {"jobId": job_id}
+
+
+@server.command("htam.nextStep")
+async def next_step(ls: LanguageServer, args: dict[str, Any]) -> dict[str, str]:
+    return start(ls, args, 1)
+
+
+@server.command("htam.optimize")
+async def optimize(ls: LanguageServer, args: dict[str, Any]) -> dict[str, str]:
+    return start(ls, args, int(args.get("steps") or 2))
+
+
+@server.command("htam.cancel")
+def cancel(ls: LanguageServer, args: dict[str, Any]) -> None:
+    state["cancelled"].append(args.get("jobId"))
+
+
+@server.command("htam.explain")
+def explain(ls: LanguageServer, args: dict[str, Any]) -> dict[str, str]:
+    return {"markdown": f"# HTAM rationale\n\nchosen: **Parallelism** for `{args['uri']}`"}
+
+
+@server.command("htam.showMemory")
+def show_memory(ls: LanguageServer, args: dict[str, Any]) -> dict[str, Any]:
+    return {"markdown": f"# HTAM memory\n\nbackend: {args.get('backend', 'all')}", "memory": {}}
+
+
+@server.command("fixture.state")
+def fixture_state(ls: LanguageServer) -> dict[str, Any]:
+    return {"init": state["init"], "cancelled": state["cancelled"]}
+
+
+@server.feature(
+    types.TEXT_DOCUMENT_CODE_ACTION,
+    types.CodeActionOptions(code_action_kinds=[KIND], resolve_provider=True),
+)
+def code_actions(ls: LanguageServer, params: types.CodeActionParams) -> list[types.CodeAction]:
+    uri = params.text_document.uri
+    if uri not in state["done"]:
+        return []
+    return [
+        types.CodeAction(
+            title=f"HTAM: apply Parallelism -> {name} ({speedup:.2f}x measured, correct)",
+            kind=f"{KIND}.{name}",
+            data={"uri": uri, "name": name},
+        )
+        for name, speedup in CANDIDATES.items()
+    ]
+
+
+@server.feature(types.CODE_ACTION_RESOLVE)
+def resolve(ls: LanguageServer, action: types.CodeAction) -> types.CodeAction:
+    data: dict[str, str] = action.data or {}
+    uri, name = data["uri"], data["name"]
+    lines = len(ls.workspace.get_text_document(uri).lines)
+    whole = types.Range(types.Position(0, 0), types.Position(lines + 1, 0))
+    text = f"# candidate {name}\n"
+    action.edit = types.WorkspaceEdit(changes={uri: [types.TextEdit(whole, text)]})
+    return action
+
+
+if __name__ == "__main__":
+    server.start_io()

@@ -1,0 +1,197 @@
+-- Plugin behaviour against a small protocol fixture server (fixture_server.py):
+-- nvim --headless --clean -u NONE -c "luafile editors/neovim/tests/plugin_spec.lua"
+local H = dofile(vim.fn.fnamemodify(debug.getinfo(1, 'S').source:sub(2), ':p:h') .. '/helpers.lua')
+H.load_plugin()
+
+local python = vim.env.HTAM_TEST_PYTHON or vim.fn.exepath('python3')
+local workdir = vim.fn.tempname()
+vim.fn.mkdir(workdir, 'p')
+local kernel = workdir .. '/kernel.py'
+vim.fn.writefile({ 'import torch', '', 'class ModelNew(torch.nn.Module):', '    pass' }, kernel)
+
+local function client()
+  return H.attached()
+end
+
+local function fixture_state()
+  local c = client()
+  local reply = c:request_sync('workspace/executeCommand', { command = 'fixture.state' }, 5000, 0)
+  return H.truthy(reply and reply.result, 'fixture.state answered')
+end
+
+local function last_job()
+  local jobs = require('htam.jobs')
+  return jobs.jobs[tostring(jobs.last)]
+end
+
+--- Run an Ex command that starts a job and wait until that new job has finished.
+local function run_job(command)
+  local jobs = require('htam.jobs')
+  local before = jobs.last
+  vim.cmd(command)
+  H.wait(5000, function()
+    return jobs.last ~= before and jobs.finished(jobs.last)
+  end, command .. ' to finish')
+  return last_job()
+end
+
+H.run({
+  {
+    'plugin defines the commands and loads nothing else',
+    function()
+      for _, name in ipairs({ 'HtamNext', 'HtamOptimize', 'HtamApply', 'HtamExplain', 'HtamCancel', 'HtamMemory' }) do
+        H.eq(2, vim.fn.exists(':' .. name), name .. ' exists')
+      end
+      H.eq(nil, package.loaded['htam'], 'htam loaded lazily')
+    end,
+  },
+  {
+    'setup rejects bad options with a clear message',
+    function()
+      local ok, err = pcall(require('htam').setup, { provider = 'gpt' })
+      H.eq(false, ok, 'bad provider fails')
+      H.truthy(err:find('provider must be one of', 1, true), 'message names the option: ' .. err)
+      ok, err = pcall(require('htam').setup, { steps = 0 })
+      H.truthy(not ok and err:find('steps must be a positive integer', 1, true), 'bad steps: ' .. tostring(err))
+      ok, err = pcall(require('htam').setup, { allow_execution = 'yes' })
+      H.truthy(not ok and err:find('allow_execution', 1, true), 'bad type: ' .. tostring(err))
+    end,
+  },
+  {
+    'lsp/htam.lua is a complete vim.lsp.Config',
+    function()
+      local cfg = vim.lsp.config.htam
+      H.eq({ 'htam-lsp' }, cfg.cmd, 'default cmd')
+      H.eq({ 'cuda', 'python' }, cfg.filetypes, 'filetypes')
+      H.eq({ 'htam.toml', '.git', 'pyproject.toml' }, cfg.root_markers, 'root markers')
+      H.eq('function', type(cfg.handlers['htam/jobState']), 'jobState handler')
+    end,
+  },
+  {
+    'enable + setup start the server with the options as init options',
+    function()
+      require('htam').setup({
+        cmd = { python, H.tests .. '/fixture_server.py' },
+        provider = 'offline',
+        steps = 2,
+      })
+      vim.lsp.enable('htam')
+      vim.cmd.edit(kernel)
+      local init = fixture_state().init
+      H.eq('offline', init.provider, 'provider in init options')
+      H.eq(2, init.steps, 'steps in init options')
+      H.eq(false, init.allowExecution, 'execution off by default')
+    end,
+  },
+  {
+    'execution is off until the user opts in, and the commands say so',
+    function()
+      local from = #H.messages
+      vim.cmd('HtamNext')
+      local msg = H.wait_message('execution is off', from)
+      H.eq(vim.log.levels.WARN, msg.level, 'a warning')
+      H.eq(nil, require('htam.jobs').last, 'no job started')
+    end,
+  },
+  {
+    ':HtamApply before any step says there is nothing yet',
+    function()
+      local from = #H.messages
+      vim.cmd('HtamApply')
+      H.wait_message('no verified suggestion here yet', from)
+    end,
+  },
+  {
+    'setup after start updates the running server',
+    function()
+      require('htam').setup({ allow_execution = true })
+      H.eq(true, client().settings.htam.allowExecution, 'client settings updated')
+      H.eq('offline', client().settings.htam.provider, 'earlier options kept')
+    end,
+  },
+  {
+    ':HtamNext runs a job with progress and a final state',
+    function()
+      local from = #H.messages
+      H.eq('done', run_job('HtamNext').state, 'job state')
+      H.eq(vim.uri_from_fname(kernel), last_job().uri, 'job uri')
+      H.wait_message('compile', from)
+      H.wait_message('best 1.75x measured', from)
+      H.eq('', require('htam').status(), 'statusline empty when idle')
+    end,
+  },
+  {
+    ':HtamApply applies the best measured suggestion',
+    function()
+      vim.cmd('HtamApply')
+      H.wait(5000, function()
+        return H.buffer_text(0):find('# candidate', 1, true) ~= nil
+      end, 'the edit')
+      H.eq('# candidate cpu.omp_parallel_for', H.buffer_text(0), 'the 1.75x candidate, not the 1.25x one')
+    end,
+  },
+  {
+    ':HtamExplain shows the rationale in a floating window',
+    function()
+      vim.cmd('HtamExplain')
+      local text = H.float_text()
+      H.truthy(text:find('HTAM rationale', 1, true), 'rationale shown: ' .. text)
+      H.truthy(text:find(vim.uri_from_fname(kernel), 1, true), 'for this file: ' .. text)
+    end,
+  },
+  {
+    ':HtamOptimize N asks for N steps and rejects a bad count',
+    function()
+      H.eq(3, run_job('HtamOptimize 3').steps, 'steps sent')
+      local from = #H.messages
+      local last = require('htam.jobs').last
+      vim.cmd('HtamOptimize many')
+      H.eq(vim.log.levels.ERROR, H.wait_message('expects a positive number of steps', from).level, 'error')
+      H.eq(last, require('htam.jobs').last, 'no job started')
+    end,
+  },
+  {
+    ':HtamCancel cancels the running job',
+    function()
+      vim.cmd('HtamOptimize 40')
+      H.wait(5000, function()
+        return require('htam').status():find('HTAM %d+/40') ~= nil
+      end, 'the statusline to show the running job')
+      local job = require('htam.jobs').last
+      vim.cmd('HtamCancel')
+      H.wait(5000, function()
+        return vim.list_contains(fixture_state().cancelled, job)
+      end, 'the server to receive the cancel for job ' .. job)
+    end,
+  },
+  {
+    ':HtamMemory shows the memory in a scratch buffer',
+    function()
+      vim.cmd('HtamMemory cpu')
+      H.wait(5000, function()
+        return vim.api.nvim_buf_get_name(0) == 'htam://memory'
+      end, 'the memory buffer')
+      H.truthy(H.buffer_text(0):find('backend: cpu', 1, true), 'memory text: ' .. H.buffer_text(0))
+      H.eq(false, vim.bo.modifiable, 'read-only scratch buffer')
+      vim.cmd.close()
+    end,
+  },
+  {
+    ':checkhealth htam reports no error for a working set-up',
+    function()
+      local report = H.checkhealth()
+      H.truthy(report:find('`htam_lsp` imports', 1, true), 'server import checked:\n' .. report)
+      H.truthy(report:find('offline', 1, true), 'provider reported:\n' .. report)
+      H.truthy(not report:find('ERROR', 1, true), 'no ERROR:\n' .. report)
+    end,
+  },
+  {
+    ':checkhealth htam reports a missing server as an error',
+    function()
+      vim.lsp.config('htam', { cmd = { 'htam-lsp-that-does-not-exist' } })
+      local report = H.checkhealth()
+      H.truthy(report:find('ERROR', 1, true), 'an ERROR:\n' .. report)
+      H.truthy(report:find('htam-lsp-that-does-not-exist', 1, true), 'names the command:\n' .. report)
+    end,
+  },
+})
