@@ -10,8 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from htam_engine.memory import START, MemoryDataError, MemoryStore, MemoryStoreError, Outcome
-from htam_engine.memory.store import DB_NAME, MIGRATIONS, SCHEMA_VERSION
+from htam_engine.memory import (
+    START,
+    MemoryDataError,
+    MemoryStore,
+    MemoryStoreError,
+    Outcome,
+    load_seed,
+)
+from htam_engine.memory.store import (
+    DB_NAME,
+    EXPORT_FORMAT,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    learned_rows,
+)
 
 PROCESSES = 8
 UPDATES = 200
@@ -183,3 +196,21 @@ def test_outcomes_naming_unknown_nodes_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(MemoryDataError):
         store.apply_outcome(outcome(local_id="smem_tiling"))
     assert not (tmp_path / "memory-journal.jsonl").exists()
+
+
+def test_learned_rows_of_an_in_memory_graph_import_into_the_store(tmp_path: Path) -> None:
+    graph = load_seed("cpu")
+    for _ in range(4):
+        graph.apply_outcome(outcome())
+    document = {
+        "format": EXPORT_FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "learned": learned_rows(graph),
+        "kv": [],
+    }
+    (tmp_path / "learned.json").write_text(json.dumps(document))
+    store = MemoryStore(tmp_path / "home")
+    store.import_json(tmp_path / "learned.json")
+    stored = store.graph("cpu")
+    assert stored.locals["omp_parallel_for"] == graph.locals["omp_parallel_for"]
+    assert stored.edges[(START, "thread_parallelism")].stats.weight == pytest.approx(1.6)

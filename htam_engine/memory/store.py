@@ -349,6 +349,22 @@ def _decode(text: Any, where: str) -> Any:
         raise MemoryDataError(f"store row {where} is not valid JSON: {error}") from error
 
 
+def learned_rows(graph: Graph) -> list[dict[str, Any]]:
+    """The export rows of everything `graph` has learned (nodes and edges with attempts)."""
+    keys = [("global", gid) for gid, g in graph.globals.items() if g.stats.attempts]
+    keys += [("local", lid) for lid, lo in graph.locals.items() if lo.stats.attempts]
+    keys += [("edge", f"{s}->{d}") for (s, d), e in graph.edges.items() if e.stats.attempts]
+    return [
+        {
+            "backend": graph.backend,
+            "kind": kind,
+            "id": key,
+            "value": _learned_value(graph, kind, key),
+        }
+        for kind, key in keys
+    ]
+
+
 def _learned_value(graph: Graph, kind: str, key: str) -> dict[str, Any]:
     if kind == "global":
         return {"stats": graph.globals[key].stats.to_json()}
