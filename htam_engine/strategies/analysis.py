@@ -120,7 +120,21 @@ def carried_reason(loop: Loop, reductions: set[str] | None = None) -> str | None
             return f"the loop updates the outer variable {name!r}"
         if target.type != "subscript_expression" or not mentions(target, derived):
             return f"the write to {text(target)!r} does not depend on {loop.var!r}"
+        if _other_index(body, target):
+            array = text(target.child_by_field_name("argument"))
+            return f"the loop reads {array!r} at another index than it writes"
     return None
+
+
+def _other_index(body: Node, target: Node) -> bool:
+    """True when the array written by `target` is also accessed at a different index."""
+    array = text(target.child_by_field_name("argument"))
+    return any(
+        n.type == "subscript_expression"
+        and text(n.child_by_field_name("argument")) == array
+        and text(n.child_by_field_name("indices")) != text(target.child_by_field_name("indices"))
+        for n in walk(body)
+    )
 
 
 def in_compound(node: Node) -> bool:
