@@ -1,0 +1,78 @@
+/** Arguments for the server's commands when the user runs them from the palette (no `vscode`). */
+
+/** Server commands: vscode-languageclient registers these ids itself. */
+export const SERVER_COMMANDS = [
+  "htam.nextStep",
+  "htam.optimize",
+  "htam.explain",
+  "htam.showMemory",
+  "htam.cancel",
+] as const;
+
+export interface EditorContext {
+  /** The active editor's document URI, as the server knows it. */
+  uri?: string;
+  position?: { line: number; character: number };
+  /** The `htam.steps` setting. */
+  steps: number;
+  /** The newest running job, for Cancel. */
+  jobId?: string;
+}
+
+/** A problem the user fixes (for example: no editor open); shown as a message, not thrown on. */
+export class CommandError extends Error {}
+
+function kernelArgument(context: EditorContext): Record<string, unknown> {
+  if (!context.uri) {
+    throw new CommandError("HTAM: open a kernel file (.cu or .py) first.");
+  }
+  return context.position ? { uri: context.uri, position: context.position } : { uri: context.uri };
+}
+
+/**
+ * Callers that pass arguments (code lenses, other extensions, tests) get them through
+ * unchanged; a call without arguments comes from the palette or a key binding and is
+ * completed from the active editor.
+ */
+export function commandArguments(command: string, args: unknown[], context: EditorContext): unknown[] {
+  if (args.length > 0) {
+    return args;
+  }
+  switch (command) {
+    case "htam.nextStep":
+    case "htam.explain":
+      return [kernelArgument(context)];
+    case "htam.optimize":
+      return [{ ...kernelArgument(context), steps: context.steps }];
+    case "htam.cancel":
+      return [context.jobId ? { jobId: context.jobId } : {}];
+    case "htam.showMemory":
+      return [{}];
+    default:
+      return args;
+  }
+}
+
+/** Whether the call came from the palette, so its result should be shown to the user. */
+export function isInteractive(args: unknown[]): boolean {
+  return args.length === 0;
+}
+
+/** Validates the "how many steps" input box; `undefined` means valid. */
+export function stepsInputError(value: string): string | undefined {
+  const trimmed = value.trim();
+  if (!/^\d+$/.test(trimmed)) {
+    return "Enter a whole number of steps, for example 6.";
+  }
+  const steps = Number(trimmed);
+  return steps >= 1 && steps <= 100 ? undefined : "Choose between 1 and 100 steps.";
+}
+
+/** The Markdown a command answered with (`htam.explain`, `htam.showMemory`), if any. */
+export function markdownOf(result: unknown): string | undefined {
+  if (typeof result !== "object" || result === null) {
+    return undefined;
+  }
+  const markdown = (result as Record<string, unknown>).markdown;
+  return typeof markdown === "string" ? markdown : undefined;
+}

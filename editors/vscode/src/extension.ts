@@ -1,0 +1,382 @@
+/** The HTAM extension: starts `htam-lsp`, completes palette commands, shows jobs and trust. */
+import { PythonExtension } from "@vscode/python-extension";
+import * as vscode from "vscode";
+import {
+  LanguageClient,
+  type LanguageClientOptions,
+  type ServerOptions,
+} from "vscode-languageclient/node";
+import {
+  CommandError,
+  commandArguments,
+  type EditorContext,
+  isInteractive,
+  markdownOf,
+  SERVER_COMMANDS,
+  stepsInputError,
+} from "./commands";
+import {
+  API_KEY_VARIABLES,
+  type HtamSettings,
+  initializationOptions,
+  isKeyProvider,
+  type KeyProvider,
+  serverEnvironment,
+  withTrust,
+} from "./config";
+import {
+  describe,
+  findInterpreter,
+  installHint,
+  interpreterCandidates,
+  SERVER_CODE,
+} from "./interpreter";
+import {
+  formatSpeedup,
+  isTerminal,
+  JobTracker,
+  type JobState,
+  parseJobState,
+  progressMessage,
+} from "./jobs";
+import { MarkdownViews } from "./markdownViews";
+import { JobProgress } from "./progress";
+
+const DOCUMENTS = [
+  { scheme: "file", language: "cuda-cpp" },
+  { scheme: "file", language: "python" },
+  { scheme: "untitled", language: "cuda-cpp" },
+  { scheme: "untitled", language: "python" },
+];
+
+function settings(): HtamSettings {
+  const config = vscode.workspace.getConfiguration("htam");
+  return {
+    provider: config.get("provider", "auto"),
+    model: config.get("model", ""),
+    baseUrl: config.get("baseUrl", ""),
+    steps: config.get("steps", 6),
+    device: config.get("device", "auto"),
+    cassette: config.get("cassette", ""),
+  };
+}
+
+function secretName(provider: KeyProvider): string {
+  return `htam.apiKey.${provider}`;
+}
+
+/** Owns the one language client of this window and everything that reflects its state. */
+class Htam implements vscode.Disposable {
+  private client: LanguageClient | undefined;
+  private unavailable: vscode.Disposable | undefined;
+  private queue: Promise<void> = Promise.resolve();
+  private readonly tracker = new JobTracker();
+  private readonly progress = new JobProgress();
+  private readonly status = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Left, 50);
+  private readonly views = new MarkdownViews();
+
+  constructor(
+    private readonly context: vscode.ExtensionContext,
+    private readonly log: vscode.LogOutputChannel,
+  ) {
+    this.status.name = "HTAM";
+    this.renderStatus();
+    this.status.show();
+  }
+
+  /** Starts, stops and restarts run one after another. */
+  restart(reason: string): Promise<void> {
+    this.queue = this.queue.then(() => this.doRestart(reason));
+    return this.queue;
+  }
+
+  async dispose(): Promise<void> {
+    await this.stopClient();
+    this.unavailable?.dispose();
+    this.status.dispose();
+    this.views.dispose();
+  }
+
+  viewsProvider(): vscode.Disposable {
+    return vscode.workspace.registerTextDocumentContentProvider(MarkdownViews.scheme, this.views);
+  }
+
+  async optimizeN(): Promise<void> {
+    const steps = await vscode.window.showInputBox({
+      title: "HTAM: Optimize",
+      prompt: "How many steps?",
+      value: String(settings().steps),
+      validateInput: stepsInputError,
+    });
+    if (steps === undefined) {
+      return;
+    }
+    const args = this.completeArguments("htam.optimize", [], Number(steps.trim()));
+    if (args) {
+      await vscode.commands.executeCommand("htam.optimize", ...args);
+    }
+  }
+
+  async setApiKey(): Promise<void> {
+    const provider = await vscode.window.showQuickPick(Object.keys(API_KEY_VARIABLES), {
+      title: "HTAM: Set API Key",
+      placeHolder: "Provider whose key to keep in VS Code's SecretStorage",
+    });
+    if (!provider || !isKeyProvider(provider)) {
+      return;
+    }
+    const key = await vscode.window.showInputBox({
+      title: `HTAM: ${provider} API key`,
+      prompt: `Kept in SecretStorage and given to htam-lsp as ${API_KEY_VARIABLES[provider]}; empty removes it.`,
+      password: true,
+      ignoreFocusOut: true,
+    });
+    if (key === undefined) {
+      return;
+    }
+    if (key.trim()) {
+      await this.context.secrets.store(secretName(provider), key.trim());
+    } else {
+      await this.context.secrets.delete(secretName(provider));
+    }
+    await this.restart(`API key for ${provider} ${key.trim() ? "stored" : "removed"}`);
+  }
+
+  private async doRestart(reason: string): Promise<void> {
+    this.log.info(`Starting htam-lsp: ${reason}`);
+    await this.stopClient();
+    try {
+      await this.startClient();
+    } catch (error) {
+      this.fail(`HTAM: htam-lsp failed to start: ${String(error)}`);
+    }
+  }
+
+  private async startClient(): Promise<void> {
+    const trusted = vscode.workspace.isTrusted;
+    const candidates = interpreterCandidates({
+      setting: vscode.workspace.getConfiguration("htam").get("interpreter", ""),
+      pythonExtension: trusted ? await this.pythonExtensionInterpreter() : undefined,
+      trusted,
+      platform: process.platform,
+    });
+    const { found, failures } = await findInterpreter(candidates);
+    if (!found) {
+      this.fail(installHint(candidates, failures));
+      return;
+    }
+    this.log.info(`Interpreter: ${describe(found)}; workspace trusted: ${trusted}`);
+    const serverOptions: ServerOptions = {
+      command: found.command,
+      args: ["-c", SERVER_CODE],
+      options: { env: serverEnvironment(process.env, await this.storedKeys()) },
+    };
+    const client = new LanguageClient("htam", "HTAM", serverOptions, this.clientOptions(trusted));
+    client.onNotification("htam/jobState", (payload: unknown) => this.onJobState(payload));
+    this.unavailable?.dispose();
+    this.unavailable = undefined;
+    this.client = client;
+    await client.start();
+    this.renderStatus();
+  }
+
+  private clientOptions(trusted: boolean): LanguageClientOptions {
+    return {
+      documentSelector: DOCUMENTS,
+      outputChannel: this.log,
+      initializationOptions: initializationOptions(settings(), trusted),
+      synchronize: { configurationSection: "htam" },
+      middleware: {
+        executeCommand: (command, args, next) => this.executeCommand(command, args, next),
+        workspace: {
+          configuration: async (params, token, next) => {
+            const results = await next(params, token);
+            if (!Array.isArray(results)) {
+              return results;
+            }
+            const sections = params.items.map((item) => item.section);
+            return withTrust(sections, results, vscode.workspace.isTrusted);
+          },
+        },
+      },
+    };
+  }
+
+  private async stopClient(): Promise<void> {
+    const client = this.client;
+    this.client = undefined;
+    this.tracker.clear();
+    this.progress.finishAll();
+    this.renderStatus();
+    if (client) {
+      try {
+        await client.stop(5000);
+      } catch (error) {
+        this.log.warn(`htam-lsp did not stop cleanly: ${String(error)}`);
+      }
+    }
+  }
+
+  /** Without a server its commands do not exist; these say why instead of "not found". */
+  private fail(message: string): void {
+    this.log.error(message);
+    this.unavailable?.dispose();
+    this.unavailable = vscode.Disposable.from(
+      ...SERVER_COMMANDS.map((id) =>
+        vscode.commands.registerCommand(id, () => vscode.window.showErrorMessage(message)),
+      ),
+    );
+    this.status.text = "$(error) HTAM: not running";
+    this.status.tooltip = message;
+    this.status.command = "htam.showLog";
+    void vscode.window.showErrorMessage(message, "Open Settings", "Show Log").then((choice) => {
+      if (choice === "Open Settings") {
+        void vscode.commands.executeCommand("workbench.action.openSettings", "htam.interpreter");
+      } else if (choice === "Show Log") {
+        this.log.show();
+      }
+    });
+  }
+
+  private async pythonExtensionInterpreter(): Promise<string | undefined> {
+    if (!vscode.extensions.getExtension("ms-python.python")) {
+      return undefined;
+    }
+    try {
+      const api = await PythonExtension.api();
+      const resource = vscode.workspace.workspaceFolders?.[0]?.uri;
+      const active = api.environments.getActiveEnvironmentPath(resource);
+      const resolved = await api.environments.resolveEnvironment(active);
+      return resolved?.executable.uri?.fsPath;
+    } catch (error) {
+      this.log.warn(`The Python extension gave no interpreter: ${String(error)}`);
+      return undefined;
+    }
+  }
+
+  private async storedKeys(): Promise<Partial<Record<KeyProvider, string>>> {
+    const keys: Partial<Record<KeyProvider, string>> = {};
+    for (const provider of Object.keys(API_KEY_VARIABLES)) {
+      const key = isKeyProvider(provider) && (await this.context.secrets.get(secretName(provider)));
+      if (key) {
+        keys[provider as KeyProvider] = key;
+      }
+    }
+    return keys;
+  }
+
+  private editorContext(steps: number): EditorContext {
+    const editor = vscode.window.activeTextEditor;
+    const context: EditorContext = { steps };
+    const job = this.tracker.current();
+    if (job) {
+      context.jobId = job.jobId;
+    }
+    if (editor && this.client) {
+      context.uri = this.client.code2ProtocolConverter.asUri(editor.document.uri);
+      const { line, character } = editor.selection.active;
+      context.position = { line, character };
+    }
+    return context;
+  }
+
+  /** The arguments to send, or `undefined` after telling the user what is missing. */
+  private completeArguments(command: string, args: unknown[], steps: number): unknown[] | undefined {
+    try {
+      return commandArguments(command, args, this.editorContext(steps));
+    } catch (error) {
+      if (error instanceof CommandError) {
+        void vscode.window.showWarningMessage(error.message);
+        return undefined;
+      }
+      throw error;
+    }
+  }
+
+  private async executeCommand(
+    command: string,
+    args: unknown[],
+    next: (command: string, args: unknown[]) => vscode.ProviderResult<unknown>,
+  ): Promise<unknown> {
+    const full = this.completeArguments(command, args, settings().steps);
+    if (!full) {
+      return undefined;
+    }
+    this.log.info(`${command} ${JSON.stringify(full)}`);
+    const result = await next(command, full);
+    const markdown = markdownOf(result);
+    if (isInteractive(args) && markdown !== undefined) {
+      await this.views.show(command === "htam.explain" ? "Explain" : "Memory", markdown);
+    }
+    return result;
+  }
+
+  private onJobState(payload: unknown): void {
+    const state = parseJobState(payload);
+    if (!state) {
+      this.log.warn(`Ignored a malformed htam/jobState: ${JSON.stringify(payload)}`);
+      return;
+    }
+    this.log.info(`job ${state.jobId} ${state.kernel}: ${state.state} ${progressMessage(state)}`);
+    this.tracker.update(state);
+    this.renderStatus();
+    this.progress.update(state, () => this.cancel(state.jobId));
+    if (isTerminal(state)) {
+      this.announce(state);
+    }
+  }
+
+  private cancel(jobId: string): void {
+    void vscode.commands.executeCommand("htam.cancel", { jobId });
+  }
+
+  private announce(state: JobState): void {
+    const subject = state.kernel || state.uri;
+    if (state.state === "refused") {
+      void vscode.window.showWarningMessage(`HTAM: ${subject}: ${state.message || "refused"}`);
+    } else if (state.state === "failed") {
+      void vscode.window.showErrorMessage(`HTAM: ${subject} failed: ${state.message}`);
+    } else if (state.state === "done") {
+      const best = state.bestSpeedup === null ? "" : `best ${formatSpeedup(state.bestSpeedup)}; `;
+      const line = `${best}${state.message || "finished"}`;
+      void vscode.window.showInformationMessage(`HTAM: ${subject}: ${line}`);
+    }
+  }
+
+  private renderStatus(): void {
+    const view = this.tracker.view();
+    this.status.text = view.text;
+    this.status.tooltip = view.tooltip;
+    this.status.command = view.running ? "htam.cancel" : "htam.showLog";
+  }
+}
+
+let htam: Htam | undefined;
+
+export async function activate(context: vscode.ExtensionContext): Promise<void> {
+  const log = vscode.window.createOutputChannel("HTAM", { log: true });
+  const instance = new Htam(context, log);
+  htam = instance;
+  context.subscriptions.push(
+    log,
+    instance.viewsProvider(),
+    vscode.commands.registerCommand("htam.restartServer", () => instance.restart("restart requested")),
+    vscode.commands.registerCommand("htam.setApiKey", () => instance.setApiKey()),
+    vscode.commands.registerCommand("htam.optimizeN", () => instance.optimizeN()),
+    vscode.commands.registerCommand("htam.showLog", () => log.show()),
+    vscode.workspace.onDidGrantWorkspaceTrust(() =>
+      instance.restart("workspace trusted: execution allowed"),
+    ),
+    vscode.workspace.onDidChangeConfiguration((event) => {
+      if (event.affectsConfiguration("htam.interpreter")) {
+        void instance.restart("htam.interpreter changed");
+      }
+    }),
+  );
+  await instance.restart("activation");
+}
+
+export async function deactivate(): Promise<void> {
+  await htam?.dispose();
+  htam = undefined;
+}

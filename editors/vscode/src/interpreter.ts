@@ -1,0 +1,114 @@
+/** Finding a Python interpreter that can run `htam-lsp` (no `vscode` import: unit-tested). */
+import { type ExecFileException, execFile } from "node:child_process";
+
+export type InterpreterSource = "setting" | "python-extension" | "path";
+
+export interface InterpreterCandidate {
+  command: string;
+  source: InterpreterSource;
+}
+
+export interface InterpreterInputs {
+  /** The `htam.interpreter` setting (VS Code drops workspace values in Restricted Mode). */
+  setting: string;
+  /** The Python extension's active environment, when that extension is installed. */
+  pythonExtension: string | undefined;
+  /** Whether the workspace is trusted: a workspace-chosen environment is not used otherwise. */
+  trusted: boolean;
+  platform: NodeJS.Platform;
+}
+
+export interface ProbeResult {
+  ok: boolean;
+  /** What went wrong, in one line, when `ok` is false. */
+  detail: string;
+}
+
+const SOURCE_LABELS: Record<InterpreterSource, string> = {
+  setting: "the htam.interpreter setting",
+  "python-extension": "the Python extension's active environment",
+  path: "PATH",
+};
+
+const PROBE_TIMEOUT_MS = 20_000;
+
+/** Code run with `python -c` to start the server on stdio. */
+export const SERVER_CODE = "import sys; from htam_lsp.server import main; sys.exit(main())";
+
+/**
+ * Interpreters to try, best first. An explicit setting is the only candidate: a user who
+ * named an interpreter wants to hear that it is wrong, not to get another one silently.
+ */
+export function interpreterCandidates(inputs: InterpreterInputs): InterpreterCandidate[] {
+  const setting = inputs.setting.trim();
+  if (setting) {
+    return [{ command: setting, source: "setting" }];
+  }
+  const candidates: InterpreterCandidate[] = [];
+  if (inputs.trusted && inputs.pythonExtension) {
+    candidates.push({ command: inputs.pythonExtension, source: "python-extension" });
+  }
+  const onPath = inputs.platform === "win32" ? "python" : "python3";
+  candidates.push({ command: onPath, source: "path" });
+  return candidates;
+}
+
+export function describe(candidate: InterpreterCandidate): string {
+  return `${candidate.command} (from ${SOURCE_LABELS[candidate.source]})`;
+}
+
+/** Runs `python -c "import htam_lsp"` and reports why it failed, if it did. */
+export function probeInterpreter(command: string): Promise<ProbeResult> {
+  return new Promise((resolve) => {
+    execFile(
+      command,
+      ["-c", "import htam_lsp"],
+      { timeout: PROBE_TIMEOUT_MS, windowsHide: true },
+      (error, _stdout, stderr) => {
+        if (!error) {
+          resolve({ ok: true, detail: "" });
+          return;
+        }
+        resolve({ ok: false, detail: probeFailure(error, stderr) });
+      },
+    );
+  });
+}
+
+function probeFailure(error: ExecFileException, stderr: string): string {
+  if (error.code === "ENOENT") {
+    return "the interpreter was not found";
+  }
+  if (error.killed) {
+    return `the interpreter did not answer within ${PROBE_TIMEOUT_MS / 1000} s`;
+  }
+  const lines = stderr.trim().split(/\r?\n/);
+  return lines[lines.length - 1] || error.message;
+}
+
+/** The first candidate that can import `htam_lsp`, or the reasons why none could. */
+export async function findInterpreter(
+  candidates: InterpreterCandidate[],
+  probe: (command: string) => Promise<ProbeResult> = probeInterpreter,
+): Promise<{ found?: InterpreterCandidate; failures: string[] }> {
+  const failures: string[] = [];
+  for (const candidate of candidates) {
+    const result = await probe(candidate.command);
+    if (result.ok) {
+      return { found: candidate, failures };
+    }
+    failures.push(`${describe(candidate)}: ${result.detail}`);
+  }
+  return { failures };
+}
+
+/** One message saying exactly how to make `htam-lsp` available. */
+export function installHint(candidates: InterpreterCandidate[], failures: string[]): string {
+  const python = candidates[0]?.command ?? "python3";
+  return (
+    `HTAM: htam-lsp cannot be started (${failures.join("; ")}). ` +
+    `Install it with \`${python} -m pip install htam\`, or from a checkout with ` +
+    `\`${python} -m pip install -e <path-to-htam>\`, or set htam.interpreter to a Python ` +
+    "that has it."
+  );
+}

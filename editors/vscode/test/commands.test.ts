@@ -1,0 +1,48 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { CommandError, commandArguments, isInteractive, markdownOf, stepsInputError } from "../src/commands";
+
+const editor = { uri: "file:///w/k.py", position: { line: 3, character: 4 }, steps: 6 };
+
+test("explicit arguments pass through unchanged", () => {
+  const args = [{ uri: "file:///other.cu" }];
+  assert.equal(commandArguments("htam.nextStep", args, editor), args);
+  assert.equal(isInteractive(args), false);
+});
+
+test("palette calls get the active editor's uri and position", () => {
+  assert.deepEqual(commandArguments("htam.nextStep", [], editor), [
+    { uri: "file:///w/k.py", position: { line: 3, character: 4 } },
+  ]);
+  assert.deepEqual(commandArguments("htam.explain", [], { uri: "file:///w/k.py", steps: 6 }), [{ uri: "file:///w/k.py" }]);
+  assert.equal(isInteractive([]), true);
+});
+
+test("optimize adds the configured steps", () => {
+  assert.deepEqual(commandArguments("htam.optimize", [], editor), [
+    { uri: "file:///w/k.py", position: { line: 3, character: 4 }, steps: 6 },
+  ]);
+});
+
+test("kernel commands without an editor raise a user-facing error", () => {
+  assert.throws(() => commandArguments("htam.nextStep", [], { steps: 6 }), CommandError);
+});
+
+test("cancel and show memory need no editor", () => {
+  assert.deepEqual(commandArguments("htam.cancel", [], { steps: 6, jobId: "j7" }), [{ jobId: "j7" }]);
+  assert.deepEqual(commandArguments("htam.cancel", [], { steps: 6 }), [{}]);
+  assert.deepEqual(commandArguments("htam.showMemory", [], { steps: 6 }), [{}]);
+});
+
+test("the steps input accepts 1 to 100 whole steps", () => {
+  assert.equal(stepsInputError(" 12 "), undefined);
+  assert.match(stepsInputError("0") ?? "", /between 1 and 100/);
+  assert.match(stepsInputError("2.5") ?? "", /whole number/);
+  assert.match(stepsInputError("") ?? "", /whole number/);
+});
+
+test("markdown is read from command results", () => {
+  assert.equal(markdownOf({ markdown: "# HTG" }), "# HTG");
+  assert.equal(markdownOf({ jobId: "j" }), undefined);
+  assert.equal(markdownOf(null), undefined);
+});

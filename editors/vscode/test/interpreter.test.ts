@@ -1,0 +1,77 @@
+import assert from "node:assert/strict";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { test } from "node:test";
+import {
+  findInterpreter,
+  installHint,
+  interpreterCandidates,
+  probeInterpreter,
+} from "../src/interpreter";
+
+const base = { setting: "", pythonExtension: undefined, trusted: true, platform: "linux" } as const;
+
+test("an explicit setting is the only candidate", () => {
+  const candidates = interpreterCandidates({ ...base, setting: " /opt/py/bin/python ", pythonExtension: "/env/python" });
+  assert.deepEqual(candidates, [{ command: "/opt/py/bin/python", source: "setting" }]);
+});
+
+test("the Python extension's environment comes before PATH when trusted", () => {
+  const candidates = interpreterCandidates({ ...base, pythonExtension: "/env/python" });
+  assert.deepEqual(
+    candidates.map((c) => c.source),
+    ["python-extension", "path"],
+  );
+  assert.equal(candidates[1]?.command, "python3");
+});
+
+test("a workspace-chosen environment is not used in Restricted Mode", () => {
+  const candidates = interpreterCandidates({ ...base, pythonExtension: "/ws/.venv/bin/python", trusted: false });
+  assert.deepEqual(candidates, [{ command: "python3", source: "path" }]);
+});
+
+test("Windows looks for python, not python3", () => {
+  assert.equal(interpreterCandidates({ ...base, platform: "win32" })[0]?.command, "python");
+});
+
+test("a missing interpreter is reported as not found", async () => {
+  const result = await probeInterpreter(join(tmpdir(), "no-such-python-htam"));
+  assert.equal(result.ok, false);
+  assert.match(result.detail, /not found/);
+});
+
+test("an interpreter without htam_lsp reports the import error", async () => {
+  // A real Python run with an empty environment: -I ignores PYTHONPATH and user site.
+  const dir = mkdtempSync(join(tmpdir(), "htam-probe-"));
+  const wrapper = join(dir, "python-isolated");
+  writeFileSync(wrapper, '#!/bin/sh\nexec python3 -I -S "$@"\n', { mode: 0o755 });
+  const result = await probeInterpreter(wrapper);
+  assert.equal(result.ok, false);
+  assert.match(result.detail, /ModuleNotFoundError: No module named 'htam_lsp'/);
+});
+
+test("findInterpreter takes the first candidate that works", async () => {
+  const probed: string[] = [];
+  const { found, failures } = await findInterpreter(
+    [
+      { command: "/broken/python", source: "python-extension" },
+      { command: "python3", source: "path" },
+    ],
+    async (command) => {
+      probed.push(command);
+      return command === "python3" ? { ok: true, detail: "" } : { ok: false, detail: "boom" };
+    },
+  );
+  assert.equal(found?.command, "python3");
+  assert.deepEqual(probed, ["/broken/python", "python3"]);
+  assert.deepEqual(failures, ["/broken/python (from the Python extension's active environment): boom"]);
+});
+
+test("the install hint names the interpreter and both install commands", () => {
+  const hint = installHint([{ command: "/usr/bin/python3", source: "path" }], ["/usr/bin/python3 (from PATH): No module named 'htam_lsp'"]);
+  assert.match(hint, /\/usr\/bin\/python3 -m pip install htam/);
+  assert.match(hint, /\/usr\/bin\/python3 -m pip install -e <path-to-htam>/);
+  assert.match(hint, /No module named 'htam_lsp'/);
+  assert.match(hint, /htam\.interpreter/);
+});
