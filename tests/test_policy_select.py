@@ -125,7 +125,7 @@ def test_a_consistently_rewarded_transition_gains_probability() -> None:
                 "cuda",
                 "t",
                 prefix,
-                [0.3, 0.7],
+                [0.1, 0.2, 0.7],
                 "warp_primitives",
                 "warp_per_row",
                 "improved",

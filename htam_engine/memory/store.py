@@ -89,17 +89,22 @@ class MemoryStore:
         return db
 
     def _open_checked(self) -> sqlite3.Connection:
-        db: sqlite3.Connection | None = None
         try:
-            db = self._connect(self.db_path)
+            return self._try_open()
+        except sqlite3.DatabaseError as error:
+            return self._rebuild(str(error))
+
+    def _try_open(self) -> sqlite3.Connection:
+        """Open, verify and migrate the database; sqlite3.DatabaseError if it is damaged."""
+        db = self._connect(self.db_path)
+        try:
             if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                 raise sqlite3.DatabaseError("integrity check failed")
             self._migrate(db)
-            return db
-        except sqlite3.DatabaseError as error:
-            if db is not None:
-                db.close()
-            return self._rebuild(str(error))
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def _migrate(self, db: sqlite3.Connection) -> None:
         version = int(db.execute("PRAGMA user_version").fetchone()[0])
@@ -122,8 +127,14 @@ class MemoryStore:
             raise
 
     def _rebuild(self, reason: str) -> sqlite3.Connection:
-        """Move the corrupt database aside and replay the journal into a fresh one."""
+        """Move the corrupt database aside and replay the journal into a fresh one.
+
+        Under the journal lock, so that of several processes finding the same damage only
+        the first rebuilds and the others open its result.
+        """
         with self._journal_lock():
+            with contextlib.suppress(sqlite3.DatabaseError):
+                return self._try_open()  # another process rebuilt it while we waited
             stamp = time.strftime("%Y%m%d-%H%M%S")
             for suffix in ("", "-wal", "-shm"):
                 old = Path(f"{self.db_path}{suffix}")

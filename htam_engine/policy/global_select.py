@@ -115,9 +115,9 @@ class GlobalDecision:
 
 
 def make_prefix(path: Sequence[PathEntry], K: int) -> list[str]:
-    """The last K global ids, oldest first; one START in front while the run is younger than K."""
+    """The last K global ids, oldest first, padded with START while the run is younger than K."""
     recent = [entry.global_id for entry in path[-K:]]
-    return recent if len(path) >= K else [START, *recent]
+    return [START] * (K - len(recent)) + recent
 
 
 def prefix_weights(prefix: Sequence[str], state: State, lam: float) -> list[PrefixWeight]:
