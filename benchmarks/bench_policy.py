@@ -118,7 +118,6 @@ def htam_step(graph: Graph, state: State, rng: random.Random) -> None:
     prefix = make_prefix(state.path, config.K)
     decision = select_global(graph, prefix, state, config, rng)
     local = EvidenceLocalSelector().choose(graph, decision.chosen, state, {}).local_id
-    assert local is not None
     graph.apply_outcome(
         Outcome(
             "cuda",
@@ -144,7 +143,6 @@ def store_step(store: MemoryStore, state: State, rng: random.Random) -> None:
     prefix = make_prefix(state.path, config.K)
     decision = select_global(graph, prefix, state, config, rng)
     local = EvidenceLocalSelector().choose(graph, decision.chosen, state, {}).local_id
-    assert local is not None
     store.apply_outcome(
         Outcome(
             "cuda",

@@ -14,6 +14,7 @@ from htam_engine.policy import (
     MODES,
     PENALTIES,
     EvidenceLocalSelector,
+    NoApplicableStrategy,
     PolicyConfig,
     make_prefix,
     reward,
@@ -48,7 +49,6 @@ def step(graph: Graph, s: State, config: PolicyConfig, rng: random.Random, speed
         decision.chosen_local
         or EvidenceLocalSelector().choose(graph, decision.chosen, s, {}).local_id
     )
-    assert local is not None
     status = "improved" if speedup > 1 else "not_improved"
     graph.apply_outcome(
         Outcome(
@@ -236,10 +236,9 @@ def test_local_selector_prefers_applicable_mechanical_and_explains_blocked() -> 
         -math.inf,
         "not applicable: pointers not known to be aligned",
     )
-    everything = {n.id: "no" for n in graph.locals_of("memory_access")}
-    assert (
-        EvidenceLocalSelector().choose(graph, "memory_access", state(), everything).local_id is None
-    )
+    everything = {n.id: "blocked for this test" for n in graph.locals_of("memory_access")}
+    with pytest.raises(NoApplicableStrategy, match="blocked for this test"):
+        EvidenceLocalSelector().choose(graph, "memory_access", state(), everything)
 
 
 def test_reward_is_log_speedup_when_correct_and_a_penalty_otherwise() -> None:

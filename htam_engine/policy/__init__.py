@@ -13,11 +13,17 @@ from htam_engine.policy.global_select import (
     select_global,
     softmax,
 )
-from htam_engine.policy.local_select import EvidenceLocalSelector, LocalDecision, LocalSelector
+from htam_engine.policy.local_select import (
+    EvidenceLocalSelector,
+    LocalDecision,
+    LocalSelector,
+    NoApplicableStrategy,
+)
 from htam_engine.policy.reward import PENALTIES, reward
 
 __all__ = [
     "MODES",
+    "NoApplicableStrategy",
     "PENALTIES",
     "RELEVANCE",
     "Candidate",

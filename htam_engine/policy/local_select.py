@@ -16,9 +16,9 @@ N0 = 3.0
 
 @dataclass
 class LocalDecision:
-    """The chosen strategy (None when nothing in the direction applies) and the ranking."""
+    """The chosen strategy, why, and the full ranking (blocked strategies last)."""
 
-    local_id: str | None
+    local_id: str
     reason: str
     ranking: list[tuple[str, float, str]] = field(default_factory=list)
 
@@ -28,6 +28,10 @@ class LocalDecision:
             "reason": self.reason,
             "ranking": [{"id": i, "score": s, "why": w} for i, s, w in self.ranking],
         }
+
+
+class NoApplicableStrategy(LookupError):
+    """Every strategy under the chosen direction is blocked for the current code."""
 
 
 class LocalSelector(Protocol):
@@ -59,7 +63,8 @@ class EvidenceLocalSelector:
         usable.sort(key=lambda item: (-item[1], item[0]))
         ranking = usable + sorted(blocked)
         if not usable:
-            return LocalDecision(None, f"no applicable strategy under {global_id}", ranking)
+            reasons = "; ".join(f"{lid}: {applicable[lid]}" for lid, _, _ in scored)
+            raise NoApplicableStrategy(f"no applicable strategy under {global_id} ({reasons})")
         best_id, _, why = usable[0]
         return LocalDecision(best_id, f"{graph.locals[best_id].name}: {why}", ranking)
 
