@@ -193,8 +193,16 @@ def test_a_store_from_a_newer_htam_is_refused_clearly(tmp_path: Path) -> None:
 
 def test_outcomes_naming_unknown_nodes_are_rejected(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path)
-    with pytest.raises(MemoryDataError):
-        store.apply_outcome(outcome(local_id="smem_tiling"))
+    bad = [
+        outcome(local_id="smem_tiling"),
+        outcome(status="great"),
+        outcome(alphas=[1.0]),
+        outcome(reward=float("nan")),
+        outcome(prefix=[START, "nowhere"]),
+    ]
+    for each in bad:
+        with pytest.raises(MemoryDataError):
+            store.apply_outcome(each)
     assert not (tmp_path / "memory-journal.jsonl").exists()
 
 

@@ -350,6 +350,10 @@ class Graph:
 
     def check_outcome(self, outcome: Outcome) -> None:
         """Reject an outcome that names nodes this graph does not have."""
+        if outcome.status not in STATUSES:
+            raise MemoryDataError(f"unknown outcome status {outcome.status!r}")
+        if len(outcome.alphas) != len(outcome.prefix) or not math.isfinite(outcome.reward):
+            raise MemoryDataError("outcome needs one alpha per prefix entry and a finite reward")
         if outcome.backend != self.backend:
             raise MemoryDataError(f"outcome for {outcome.backend!r} applied to {self.backend!r}")
         local = self.locals.get(outcome.local_id)
