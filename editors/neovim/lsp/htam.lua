@@ -9,7 +9,8 @@ return {
   -- Read the options when the server starts, so setup() may run before or after enable().
   before_init = function(params, config)
     local htam = require('htam.config').sync(config.settings)
-    params.initializationOptions = vim.tbl_extend('force', config.init_options or {}, htam)
+    config.init_options = vim.tbl_extend('force', config.init_options or {}, htam)
+    params.initializationOptions = config.init_options
   end,
   handlers = {
     ['htam/jobState'] = function(err, result, ctx)

@@ -102,13 +102,14 @@ end
 ---@param cases { [1]: string, [2]: fun() }[]
 function H.run(cases)
   for _, case in ipairs(cases) do
+    local start = vim.uv.hrtime()
     local ok, err = xpcall(case[2], debug.traceback)
     if not ok then
       io.stdout:write(('FAIL %s\n%s\n'):format(case[1], err))
       vim.cmd('cquit 1')
       return
     end
-    io.stdout:write(('ok   %s\n'):format(case[1]))
+    io.stdout:write(('ok   %s (%.1f s)\n'):format(case[1], (vim.uv.hrtime() - start) / 1e9))
   end
   io.stdout:write(('all %d passed\n'):format(#cases))
   vim.cmd('qall!')

@@ -102,11 +102,17 @@ H.run({
     end,
   },
   {
-    'setup after start updates the running server',
+    'granting execution after start restarts the server with it',
     function()
+      local first = client().id
       require('htam').setup({ allow_execution = true })
-      H.eq(true, client().settings.htam.allowExecution, 'client settings updated')
-      H.eq('offline', client().settings.htam.provider, 'earlier options kept')
+      H.wait(10000, function()
+        local now = vim.lsp.get_clients({ name = 'htam', bufnr = 0 })[1]
+        return now ~= nil and now.id ~= first and now.initialized == true
+      end, 'a restarted server (only init options may grant execution)')
+      local init = fixture_state().init
+      H.eq(true, init.allowExecution, 'execution granted at initialization')
+      H.eq('offline', init.provider, 'earlier options kept')
     end,
   },
   {

@@ -16,6 +16,34 @@ local function say(msg, level)
   vim.notify('HTAM: ' .. msg, level or vim.log.levels.INFO, { title = NAME })
 end
 
+---@param clients vim.lsp.Client[]
+---@param fn fun()
+---@param tries integer
+local function when_stopped(clients, fn, tries)
+  local stopped = vim.iter(clients):all(function(client)
+    return client:is_stopped()
+  end)
+  if stopped or tries == 0 then
+    fn()
+  else
+    vim.defer_fn(function()
+      when_stopped(clients, fn, tries - 1)
+    end, 50)
+  end
+end
+
+--- Stop the clients, then let `vim.lsp.enable` start fresh ones for the open buffers.
+---@param clients vim.lsp.Client[]
+local function restart(clients)
+  say('restarting htam-lsp so that execution is allowed')
+  for _, client in ipairs(clients) do
+    client:stop()
+  end
+  when_stopped(clients, function()
+    vim.cmd.doautoall('nvim.lsp.enable FileType')
+  end, 100)
+end
+
 --- Configure the plugin (may be called before or after `vim.lsp.enable('htam')`).
 ---@param opts? htam.Options
 function M.setup(opts)
@@ -23,9 +51,20 @@ function M.setup(opts)
   if opts and opts.cmd then
     vim.lsp.config(NAME, { cmd = opts.cmd })
   end
-  for _, client in ipairs(vim.lsp.get_clients({ name = NAME })) do
+  local clients = vim.lsp.get_clients({ name = NAME })
+  local grant = false
+  for _, client in ipairs(clients) do
+    local granted = (client.config.init_options or {}).allowExecution == true
+    grant = grant or (config.options.allow_execution and not granted)
     config.sync(client.settings)
     client:notify('workspace/didChangeConfiguration', { settings = client.settings })
+  end
+  -- The server lets only initialization options grant execution (a workspace's settings
+  -- could come from an untrusted repository), so granting it needs a fresh server.
+  if grant and vim.lsp.is_enabled(NAME) then
+    restart(clients)
+  elseif grant then
+    say('restart htam-lsp to allow execution (it was not started by vim.lsp.enable)', WARN)
   end
 end
 
@@ -89,11 +128,15 @@ local function start_job(command, extra)
   end
   local args = vim.tbl_extend('force', here(client), extra or {})
   execute(client, command, { args }, function(result)
-    if type(result) == 'table' and result.jobId ~= nil then
-      jobs.started(result.jobId, args.uri)
-      say(('job %s started'):format(result.jobId))
-    else
+    if type(result) ~= 'table' or result.jobId == nil then
       say(command .. ' started no job: ' .. vim.inspect(result), WARN)
+      return
+    end
+    jobs.started(result.jobId, args.uri)
+    if result.alreadyRunning then
+      say(('job %s is already running for this file; :HtamCancel stops it'):format(result.jobId))
+    elseif result.state ~= 'refused' then -- a refusal is reported by its htam/jobState
+      say(('job %s started'):format(result.jobId))
     end
   end)
 end
@@ -117,12 +160,13 @@ function M.optimize(steps)
   start_job('htam.optimize', { steps = n or config.options.steps })
 end
 
+--- A verified candidate (`refactor.rewrite.htam.<local_id>`), not the plain
+--- `refactor.rewrite.htam` "run the next step" action.
 ---@param action lsp.CodeAction|lsp.Command
 ---@return boolean
-local function is_htam_action(action)
-  local kind = action.kind
-  return type(kind) == 'string'
-    and (kind == KIND or vim.startswith(kind, KIND .. '.'))
+local function is_suggestion(action)
+  return type(action.kind) == 'string'
+    and vim.startswith(action.kind, KIND .. '.')
     and action.disabled == nil
 end
 
@@ -166,7 +210,7 @@ function M.apply(opts)
       say('code actions failed: ' .. err.message, ERROR)
       return
     end
-    local actions = vim.tbl_filter(is_htam_action, result or {})
+    local actions = vim.tbl_filter(is_suggestion, result or {})
     if #actions == 0 then
       say('no verified suggestion here yet: run :HtamNext first', WARN)
       return
@@ -179,7 +223,7 @@ function M.apply(opts)
     vim.lsp.buf.code_action({
       context = { only = { KIND }, diagnostics = {} },
       filter = function(action)
-        return is_htam_action(action) and (chosen == nil or action.title == chosen.title)
+        return is_suggestion(action) and (chosen == nil or action.title == chosen.title)
       end,
       apply = chosen ~= nil,
     })

@@ -89,8 +89,8 @@ function M.on_progress(params)
   if type(value) ~= 'table' or value.kind == 'end' then
     return
   end
-  -- The title repeats the plugin's own prefix when the server calls its work "HTAM".
-  local title = (value.title or ''):lower() == 'htam' and '' or (value.title or '')
+  -- Titles such as "HTAM: softmax" repeat the prefix that notify() adds.
+  local title = (value.title or ''):gsub('^HTAM:?%s*', '')
   local text = table.concat(
     vim.tbl_filter(function(part)
       return part ~= ''

@@ -1,0 +1,98 @@
+-- The Neovim user story against the real htam-lsp (offline provider, CPU evaluation):
+-- open the CPU softmax example, :HtamNext, wait, :HtamApply, :HtamExplain, :checkhealth.
+-- nvim --headless --clean -u NONE -c "luafile editors/neovim/tests/e2e.lua" (htam-lsp on PATH)
+local H = dofile(vim.fn.fnamemodify(debug.getinfo(1, 'S').source:sub(2), ':p:h') .. '/helpers.lua')
+H.load_plugin()
+
+local STEP_TIMEOUT_MS = tonumber(vim.env.HTAM_E2E_TIMEOUT_MS) or 300000
+local KIND = 'refactor.rewrite.htam'
+local example = vim.fs.dirname(vim.fs.dirname(H.root)) .. '/examples/softmax'
+local workdir = vim.fn.tempname()
+vim.fn.mkdir(workdir, 'p')
+for _, name in ipairs({ 'cpu_naive.py', 'reference.py' }) do
+  vim.fn.writefile(vim.fn.readfile(example .. '/' .. name, 'b'), workdir .. '/' .. name, 'b')
+end
+vim.env.HTAM_HOME = vim.env.HTAM_HOME or (workdir .. '/htam-home')
+local kernel = workdir .. '/cpu_naive.py'
+local original, expected
+
+--- The server's preferred verified candidate at the cursor, resolved to its new text.
+local function preferred_candidate(client)
+  local params = vim.lsp.util.make_range_params(0, client.offset_encoding)
+  params.context = { only = { KIND }, diagnostics = {} }
+  local reply = client:request_sync('textDocument/codeAction', params, 10000, 0)
+  local actions = vim.tbl_filter(function(a)
+    return vim.startswith(a.kind or '', KIND .. '.')
+  end, H.truthy(reply and reply.result, 'code actions answered'))
+  H.truthy(#actions > 0, 'at least one verified candidate is offered')
+  local chosen = vim.iter(actions):find(function(a)
+    return a.isPreferred
+  end) or actions[1]
+  if not chosen.edit then
+    reply = client:request_sync('codeAction/resolve', chosen, 10000, 0)
+    chosen = H.truthy(reply and reply.result, 'the action resolves')
+  end
+  local edits = chosen.edit.changes[vim.uri_from_fname(kernel)]
+  H.truthy(edits and #edits > 0, 'the edit changes this file')
+  return chosen.title, edits
+end
+
+H.run({
+  {
+    'htam-lsp attaches to the example kernel',
+    function()
+      require('htam').setup({ provider = 'offline', device = 'cpu', allow_execution = true })
+      vim.lsp.enable('htam')
+      vim.cmd.edit(kernel)
+      H.attached(30000)
+      original = H.buffer_text(0)
+      H.truthy(vim.fn.search('class ModelNew') > 0, 'the kernel is in the file')
+    end,
+  },
+  {
+    ':HtamNext runs one verified step on the CPU',
+    function()
+      local jobs = require('htam.jobs')
+      vim.cmd('HtamNext')
+      H.wait(STEP_TIMEOUT_MS, function()
+        return jobs.finished(jobs.last)
+      end, 'the step to finish')
+      local job = jobs.jobs[tostring(jobs.last)]
+      H.eq('done', job.state, 'job state (message: ' .. tostring(job.message) .. ')')
+    end,
+  },
+  {
+    ':HtamApply puts the verified candidate into the buffer',
+    function()
+      local title, edits = preferred_candidate(H.attached())
+      expected = edits
+      io.stdout:write('  applying: ' .. title .. '\n')
+      vim.cmd('HtamApply')
+      H.wait(10000, function()
+        return H.buffer_text(0) ~= original
+      end, 'the buffer to change')
+      local text = H.buffer_text(0)
+      for _, edit in ipairs(expected) do
+        H.truthy(text:find(vim.trim(edit.newText), 1, true), 'candidate text in buffer:\n' .. edit.newText)
+      end
+    end,
+  },
+  {
+    ':HtamExplain shows the memory rationale',
+    function()
+      vim.fn.search('class ModelNew', 'w')
+      vim.cmd('HtamExplain')
+      local text = H.float_text()
+      H.truthy(#vim.trim(text) > 0, 'rationale is not empty')
+      io.stdout:write('  rationale starts: ' .. text:sub(1, 120):gsub('\n', ' | ') .. '\n')
+    end,
+  },
+  {
+    ':checkhealth htam reports no error',
+    function()
+      local report = H.checkhealth()
+      H.truthy(not report:find('ERROR', 1, true), 'no ERROR:\n' .. report)
+      H.truthy(report:find('`htam_lsp` imports', 1, true), 'the server was checked:\n' .. report)
+    end,
+  },
+})
