@@ -73,7 +73,8 @@ H.run({
       end, 'the buffer to change')
       local text = H.buffer_text(0)
       for _, edit in ipairs(expected) do
-        H.truthy(text:find(vim.trim(edit.newText), 1, true), 'candidate text in buffer:\n' .. edit.newText)
+        local new = vim.trim(edit.newText)
+        H.truthy(text:find(new, 1, true), 'candidate text in the buffer:\n' .. new)
       end
     end,
   },

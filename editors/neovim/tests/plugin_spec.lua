@@ -39,7 +39,9 @@ H.run({
   {
     'plugin defines the commands and loads nothing else',
     function()
-      for _, name in ipairs({ 'HtamNext', 'HtamOptimize', 'HtamApply', 'HtamExplain', 'HtamCancel', 'HtamMemory' }) do
+      local names = { 'Next', 'Optimize', 'Apply', 'Explain', 'Cancel', 'Memory' }
+      for _, suffix in ipairs(names) do
+        local name = 'Htam' .. suffix
         H.eq(2, vim.fn.exists(':' .. name), name .. ' exists')
       end
       H.eq(nil, package.loaded['htam'], 'htam loaded lazily')
@@ -52,7 +54,8 @@ H.run({
       H.eq(false, ok, 'bad provider fails')
       H.truthy(err:find('provider must be one of', 1, true), 'message names the option: ' .. err)
       ok, err = pcall(require('htam').setup, { steps = 0 })
-      H.truthy(not ok and err:find('steps must be a positive integer', 1, true), 'bad steps: ' .. tostring(err))
+      local why = tostring(err)
+      H.truthy(not ok and why:find('must be a positive integer', 1, true), 'bad steps: ' .. why)
       ok, err = pcall(require('htam').setup, { allow_execution = 'yes' })
       H.truthy(not ok and err:find('allow_execution', 1, true), 'bad type: ' .. tostring(err))
     end,
@@ -133,7 +136,8 @@ H.run({
       H.wait(5000, function()
         return H.buffer_text(0):find('# candidate', 1, true) ~= nil
       end, 'the edit')
-      H.eq('# candidate cpu.omp_parallel_for', H.buffer_text(0), 'the 1.75x candidate, not the 1.25x one')
+      local text = H.buffer_text(0)
+      H.eq('# candidate cpu.omp_parallel_for', text, 'the 1.75x candidate, not the 1.25x one')
     end,
   },
   {
@@ -152,7 +156,8 @@ H.run({
       local from = #H.messages
       local last = require('htam.jobs').last
       vim.cmd('HtamOptimize many')
-      H.eq(vim.log.levels.ERROR, H.wait_message('expects a positive number of steps', from).level, 'error')
+      local msg = H.wait_message('expects a positive number of steps', from)
+      H.eq(vim.log.levels.ERROR, msg.level, 'an error')
       H.eq(last, require('htam.jobs').last, 'no job started')
     end,
   },
@@ -192,12 +197,24 @@ H.run({
     end,
   },
   {
+    ':checkhealth htam reports a provider without credentials as an error',
+    function()
+      vim.env.ANTHROPIC_API_KEY = nil
+      require('htam').setup({ provider = 'anthropic' })
+      local report = H.checkhealth()
+      require('htam').setup({ provider = 'offline' })
+      local said = report:find('ERROR provider = "anthropic" but none of ANTHROPIC_API_KEY', 1, true)
+      H.truthy(said, 'the missing key is named:\n' .. report)
+    end,
+  },
+  {
     ':checkhealth htam reports a missing server as an error',
     function()
       vim.lsp.config('htam', { cmd = { 'htam-lsp-that-does-not-exist' } })
       local report = H.checkhealth()
       H.truthy(report:find('ERROR', 1, true), 'an ERROR:\n' .. report)
-      H.truthy(report:find('htam-lsp-that-does-not-exist', 1, true), 'names the command:\n' .. report)
+      local named = report:find('htam-lsp-that-does-not-exist', 1, true)
+      H.truthy(named, 'names the command:\n' .. report)
     end,
   },
 })

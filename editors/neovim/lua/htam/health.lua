@@ -57,7 +57,7 @@ local function check_neovim()
   if vim.fn.has('nvim-0.11') == 1 then
     h.ok('Neovim ' .. version)
   else
-    h.error('Neovim ' .. version .. ' is too old', 'HTAM needs Neovim 0.11 or newer (vim.lsp.config)')
+    h.error(('Neovim %s is too old'):format(version), 'HTAM needs Neovim 0.11+ (vim.lsp.config)')
   end
 end
 
@@ -99,7 +99,10 @@ local function check_server(cfg)
   if exe == '' then
     h.error(
       ('`%s` is not executable or not on $PATH'):format(cmd[1]),
-      { 'pip install htam (it provides htam-lsp)', "or require('htam').setup({ cmd = { '/path/to/htam-lsp' } })" }
+      {
+        'pip install htam (it provides htam-lsp)',
+        "or require('htam').setup({ cmd = { '/path/to/htam-lsp' } })",
+      }
     )
     return
   end
@@ -110,37 +113,48 @@ local function check_server(cfg)
   end
 end
 
+-- Where each provider finds its credentials or endpoint (values are never shown).
+local SOURCES = {
+  anthropic = { 'ANTHROPIC_API_KEY' },
+  openai = { 'OPENAI_API_KEY', 'HTAM_LLM_BASE_URL', 'base_url' },
+  auto = { 'ANTHROPIC_API_KEY', 'OPENAI_API_KEY', 'HTAM_LLM_BASE_URL', 'base_url' },
+}
+
+---@param o htam.Options
+---@param env? table<string, string>
+---@return 'ok'|'warn'|'error' level, string message, string? advice
+local function provider_status(o, env)
+  if o.provider == 'offline' then
+    return 'ok', 'offline: mechanical strategies only, no LLM'
+  end
+  if o.provider == 'replay' then
+    if not o.cassette then
+      return 'error', 'provider = "replay" needs a cassette', "setup({ cassette = 'run.jsonl' })"
+    end
+    if vim.fn.filereadable(vim.fn.fnamemodify(o.cassette, ':p')) == 0 then
+      return 'error', ('the cassette %s is not readable'):format(o.cassette)
+    end
+    return 'ok', 'replay from ' .. o.cassette
+  end
+  local found = vim.tbl_filter(function(name)
+    return (name == 'base_url' and o.base_url) or getenv(env, name) ~= nil
+  end, SOURCES[o.provider])
+  local model = o.model and (' (' .. o.model .. ')') or ''
+  if #found > 0 then
+    return 'ok', ('%s%s: %s set'):format(o.provider, model, table.concat(found, ', '))
+  end
+  local wanted = table.concat(SOURCES[o.provider], ' or ')
+  if o.provider == 'auto' then
+    return 'warn', 'auto: no LLM configured, so only mechanical strategies run', 'set ' .. wanted
+  end
+  return 'error', ('provider = "%s" but none of %s is set'):format(o.provider, wanted)
+end
+
 ---@param env? table<string, string>
 local function check_provider(env)
   h.start('LLM provider')
-  local o = config.options
-  local keys = vim.tbl_filter(function(name)
-    return getenv(env, name) ~= nil
-  end, { 'ANTHROPIC_API_KEY', 'OPENAI_API_KEY', 'HTAM_LLM_BASE_URL' })
-  if o.provider == 'offline' then
-    h.ok('offline: mechanical strategies only, no LLM')
-  elseif o.provider == 'replay' then
-    if not o.cassette then
-      h.error('provider = "replay" needs a cassette', "require('htam').setup({ cassette = 'run.jsonl' })")
-    elseif vim.fn.filereadable(vim.fn.fnamemodify(o.cassette, ':p')) == 0 then
-      h.error(('the cassette %s is not readable'):format(o.cassette))
-    else
-      h.ok('replay from ' .. o.cassette)
-    end
-  elseif o.provider == 'anthropic' and not getenv(env, 'ANTHROPIC_API_KEY') then
-    h.error('provider = "anthropic" but ANTHROPIC_API_KEY is not set')
-  elseif o.provider == 'openai' and not (o.base_url or getenv(env, 'OPENAI_API_KEY') or getenv(env, 'HTAM_LLM_BASE_URL')) then
-    h.error('provider = "openai" but neither OPENAI_API_KEY, base_url nor HTAM_LLM_BASE_URL is set')
-  elseif o.provider ~= 'auto' then
-    h.ok(('%s%s'):format(o.provider, o.model and (' (' .. o.model .. ')') or ''))
-  elseif #keys > 0 or o.base_url then
-    h.ok('auto: the server picks from ' .. table.concat(o.base_url and vim.list_extend({ 'base_url' }, keys) or keys, ', '))
-  else
-    h.warn(
-      'auto: no LLM configured, so only mechanical strategies run',
-      'set ANTHROPIC_API_KEY or OPENAI_API_KEY, or setup({ provider = "openai", base_url = ... })'
-    )
-  end
+  local level, message, advice = provider_status(config.options, env)
+  h[level](message, advice)
 end
 
 local function check_device()
@@ -156,7 +170,7 @@ local function check_device()
   if gpu then
     h.ok(('GPU: %s (device = %s)'):format(gpu, device))
   elseif device == 'cuda' then
-    h.error('device = "cuda" but no NVIDIA GPU was found (nvidia-smi)', 'use device = "auto" or "cpu"')
+    h.error('device = "cuda" but nvidia-smi finds no NVIDIA GPU', 'use device = "auto" or "cpu"')
   else
     h.ok(('no GPU found: candidates are evaluated on the CPU (device = %s)'):format(device))
   end

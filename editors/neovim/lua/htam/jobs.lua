@@ -47,7 +47,8 @@ local function report(job)
       or 'no verified improvement yet'
     notify(('%s done: %s'):format(where(job), best))
   elseif state == 'failed' then
-    notify(('%s failed: %s'):format(where(job), job.message or 'no reason given'), vim.log.levels.ERROR)
+    local why = job.message or 'no reason given'
+    notify(('%s failed: %s'):format(where(job), why), vim.log.levels.ERROR)
   elseif state == 'refused' then
     notify(('the server refused: %s'):format(job.message or 'no reason given'), vim.log.levels.WARN)
   elseif state == 'cancelled' then
