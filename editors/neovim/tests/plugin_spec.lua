@@ -203,7 +203,7 @@ H.run({
       require('htam').setup({ provider = 'anthropic' })
       local report = H.checkhealth()
       require('htam').setup({ provider = 'offline' })
-      local said = report:find('ERROR provider = "anthropic" but none of ANTHROPIC_API_KEY', 1, true)
+      local said = report:find('"anthropic" but none of ANTHROPIC_API_KEY', 1, true)
       H.truthy(said, 'the missing key is named:\n' .. report)
     end,
   },
