@@ -53,12 +53,14 @@ H.run({
     ':HtamNext runs one verified step on the CPU',
     function()
       local jobs = require('htam.jobs')
+      local from = #H.messages
       vim.cmd('HtamNext')
       H.wait(STEP_TIMEOUT_MS, function()
         return jobs.finished(jobs.last)
       end, 'the step to finish')
       local job = jobs.jobs[tostring(jobs.last)]
       H.eq('done', job.state, 'job state (message: ' .. tostring(job.message) .. ')')
+      H.wait_message('step 1/1', from) -- work-done progress reached the user
     end,
   },
   {

@@ -141,6 +141,27 @@ H.run({
     end,
   },
   {
+    ':HtamApply! lets the user pick a suggestion',
+    function()
+      local offered
+      vim.ui.select = function(items, opts, on_choice)
+        offered = vim.tbl_map(function(item)
+          return opts.format_item(item)
+        end, items)
+        for _, item in ipairs(items) do
+          if item.action.title:find('omp_simd', 1, true) then
+            on_choice(item)
+          end
+        end
+      end
+      vim.cmd('HtamApply!')
+      H.wait(5000, function()
+        return H.buffer_text(0) == '# candidate cpu.omp_simd'
+      end, 'the picked candidate in the buffer')
+      H.eq(2, #offered, 'both suggestions offered: ' .. vim.inspect(offered))
+    end,
+  },
+  {
     ':HtamExplain shows the rationale in a floating window',
     function()
       vim.cmd('HtamExplain')
