@@ -1,0 +1,190 @@
+"""tree-sitter views: embedded sources map back to exact file bytes, kernel units,
+feature tags in the shared vocabulary, operator families."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from test_examples_cpu import EXAMPLES, TASKS
+
+from htam_engine import parsing
+
+ARCHITECTURE = Path(__file__).resolve().parent.parent / "docs" / "ARCHITECTURE.md"
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*/*_naive.py"))
+
+
+def vocabulary(section: str) -> set[str]:
+    """The backticked tags on the `- <section>:` line(s) of docs/ARCHITECTURE.md."""
+    doc = ARCHITECTURE.read_text()
+    block = doc.split(f"- {section}:", 1)[1].split("\n- ", 1)[0]
+    return set(re.findall(r"`(\w+)`", block))
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_embedded_offsets_map_back_exactly(path: Path) -> None:
+    data = path.read_bytes()
+    embedded = parsing.embedded_sources(data)
+    assert embedded
+    for emb in embedded:
+        assert data[emb.start_byte : emb.end_byte].decode() == emb.text
+        row, column = emb.start_point
+        line_start = sum(len(line) for line in data.splitlines(keepends=True)[:row])
+        assert line_start + column == emb.start_byte
+        assert (
+            data[emb.call_start_byte :].startswith(emb.call.encode())
+            or emb.call.encode() in (data[emb.call_start_byte : emb.call_start_byte + 64])
+        )
+
+
+def test_embedded_forms_direct_list_variable_and_positional() -> None:
+    source = (
+        "import torch.utils.cpp_extension as ext\n"
+        "from htam_engine import kernels\n"
+        'HEAD = "// é unicode before\\n"\n'
+        'K = r"""__global__ void k() {}"""\n'
+        'm = ext.load_inline("m", "int f();", cuda_sources=[K, "void g() {}"])\n'
+        'lib = kernels.load_cpp("c", "extern \\"C\\" void h() {}")\n'
+        'other = print("not a kernel")\n'
+        'empty = kernels.load_cpp("e", "")\n'
+    )
+    data = source.encode()
+    found = parsing.embedded_sources(source)
+    assert [(e.name, e.language, e.call) for e in found] == [
+        ("K", "cuda", "load_inline"),
+        ("load_inline.cpp_sources", "cpp", "load_inline"),
+        ("load_inline.cuda_sources", "cuda", "load_inline"),
+        ("load_cpp.source", "cpp", "load_cpp"),
+        ("load_cpp.source", "cpp", "load_cpp"),
+    ]
+    for emb in found:
+        assert data[emb.start_byte : emb.end_byte].decode() == emb.text
+    assert found[-1].text == "" and found[0].text == "__global__ void k() {}"
+
+
+def test_embedded_sources_of_broken_or_plain_python_is_empty() -> None:
+    assert parsing.embedded_sources("def f(:\n  load_inline(") == []
+    assert parsing.embedded_sources("__global__ void k(float* x) {}") == []
+
+
+def test_kernels_of_a_cuda_example_python_file() -> None:
+    path = EXAMPLES / "gelu" / "cuda_naive.py"
+    data = path.read_bytes()
+    units = {u.name: u for u in parsing.kernels(data, "python")}
+    assert units["gelu_kernel"].kind == "global"
+    assert units["gelu_kernel"].launchers == ("gelu_launch",)
+    assert units["ModelNew"].kind == "model" and units["load_inline"].kind == "module"
+    kernel = units["gelu_kernel"]
+    assert data[kernel.start_byte : kernel.end_byte].startswith(b"__global__ void gelu_kernel")
+    assert data.splitlines()[kernel.start_point[0]].startswith(b"__global__")
+
+
+def test_kernels_of_raw_sources() -> None:
+    raw = '__global__ void k(float* x) {}\nextern "C" void host(float* x) { k<<<1, 32>>>(x); }\n'
+    units = parsing.kernels(raw, "cuda")
+    assert [(u.name, u.kind, u.launchers) for u in units] == [
+        ("k", "global", ("host",)),
+        ("host", "host", ()),
+    ]
+    cpp = (EXAMPLES / "softmax" / "cpu_naive.py").read_text()
+    (unit,) = [u for u in parsing.kernels(cpp, "python") if u.kind == "host"]
+    assert unit.name == "softmax_forward" and unit.language == "cpp"
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_feature_tags_use_the_documented_vocabulary(path: Path) -> None:
+    backend = "cuda" if path.name.startswith("cuda") else "cpu"
+    tags = parsing.features(path.read_text(), backend)
+    assert tags <= vocabulary("CUDA" if backend == "cuda" else "CPU")
+    if backend == "cuda":
+        assert {"scalar_loads", "no_shared_memory", "no_grid_stride", "small_block"} <= tags
+        assert {"no_launch_bounds", "no_restrict", "no_fast_math"} <= tags
+    else:
+        assert {"no_openmp", "no_simd", "low_opt", "no_restrict", "loops"} <= tags
+
+
+def test_feature_tags_see_optimised_code() -> None:
+    cuda = """
+    #define TILE 16
+    __global__ void __launch_bounds__(512)
+    a(const float* __restrict__ x, float* __restrict__ y, int n) {
+        __shared__ float s[TILE];
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+            float4 v = reinterpret_cast<const float4*>(x)[i];
+            #pragma unroll
+            for (int k = 0; k < TILE; ++k) { s[k] = __shfl_down_sync(0xffffffff, v.x, k); }
+            __syncthreads();
+            atomicAdd(y, s[0]);
+        }
+    }
+    __global__ void __launch_bounds__(512) b(half* __restrict__ h) {}
+    void go(float* x, float* y, int n) { a<<<n / 512, 512>>>(x, y, n); }
+    """
+    tags = parsing.features(cuda, "cuda")
+    assert tags == {
+        "shared_memory", "vectorized_loads", "grid_stride", "restrict_pointers", "launch_bounds",
+        "pragma_unroll", "fixed_trip_loop", "loops", "nested_loops", "atomics", "warp_shuffle",
+        "syncthreads", "half_precision", "multiple_kernels", "large_block", "no_fast_math",
+    }  # fmt: skip
+    assert "no_restrict" in parsing.features(
+        cuda.replace("half* __restrict__ h", "float* h"), "cuda"
+    )
+
+
+def test_cpu_tags_follow_flags_and_blocking() -> None:
+    from htam_engine.strategies import REGISTRY
+
+    source = (EXAMPLES / "matmul" / "cpu_naive.py").read_text()
+    for rid in ("cpu.opt_flags", "cpu.cache_block", "cpu.omp_parallel_for", "cpu.omp_simd"):
+        source = REGISTRY[rid].apply(source)
+    tags = parsing.features(source, "cpu")
+    assert {"opt_O3", "march_native", "blocked_loops", "openmp", "simd_pragma"} <= tags
+    assert not {"low_opt", "no_openmp", "no_simd"} & tags
+
+
+@pytest.mark.parametrize(
+    ("task", "expected"),
+    [
+        ("gelu", "elementwise"),
+        ("softmax", "reduction"),
+        ("matmul", "matmul"),
+        ("linear_relu", "fused"),
+    ],
+)
+def test_family_of_the_example_references(task: str, expected: str) -> None:
+    assert task in TASKS
+    assert parsing.family((EXAMPLES / task / "reference.py").read_text()) == expected
+
+
+@pytest.mark.parametrize(
+    ("forward", "expected"),
+    [
+        ("return torch.relu(x) * 2.0", "elementwise"),
+        ("return torch.nn.functional.gelu(self.norm(x))", "fused"),
+        ("return x.sum(dim=1)", "reduction"),
+        ("return x @ x.T", "matmul"),
+        ("return torch.flip(x, [0])", "unknown"),
+    ],
+)
+def test_family_heuristics(forward: str, expected: str) -> None:
+    source = (
+        "import torch\nclass Model(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.norm = torch.nn.LayerNorm(8)\n"
+        f"    def forward(self, x):\n        {forward}\n"
+    )
+    assert parsing.family(source) == expected
+    assert vocabulary("Families") >= {expected}
+
+
+def test_family_without_a_model_is_unknown() -> None:
+    assert parsing.family("x = 1\n") == "unknown"
+    assert parsing.family(b"\xff\xfe not python") == "unknown"
+
+
+def test_bad_language_and_backend_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="unknown language 'rust'"):
+        parsing.parse("fn main() {}", "rust")
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        parsing.features("", "tpu")
