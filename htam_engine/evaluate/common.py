@@ -1,0 +1,147 @@
+"""Helpers shared by the worker and the judge processes (both import torch)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import re
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.utils.cpp_extension as cpp_extension
+
+from htam_engine.kernels import CompileError
+from htam_engine.paths import subdir
+
+_OOM = re.compile(r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|std::bad_alloc", re.IGNORECASE)
+_CUDA = re.compile(r"CUDA error|CUDA kernel errors|cudaError|illegal memory access", re.I)
+_ENTRY_SIGNATURE = r"((?:torch::Tensor|at::Tensor|std::vector<torch::Tensor>)\s+{name}\s*\([^)]*\))"
+
+
+class CandidateError(Exception):
+    """The candidate file is not a usable implementation."""
+
+
+def check(name: str, passed: bool, detail: str) -> dict[str, Any]:
+    return {"name": name, "passed": passed, "detail": "" if passed else detail}
+
+
+def import_file(name: str, path: Path) -> ModuleType:
+    """Import the file at `path` as module `name` (tracebacks name that file)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CandidateError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _guarded_targets() -> list[tuple[str, Any, str]]:
+    targets = [
+        ("time", time, "perf_counter"),
+        ("time", time, "time"),
+        ("time", time, "sleep"),
+        ("torch", torch, "save"),
+        ("torch", torch, "load"),
+        ("torch", torch, "allclose"),
+        ("torch", torch, "equal"),
+        ("torch", torch, "isclose"),
+        ("torch.testing", torch.testing, "assert_close"),
+        ("torch.cuda", torch.cuda, "Event"),
+        ("torch.cuda", torch.cuda, "synchronize"),
+        ("torch.cuda.Event", torch.cuda.Event, "elapsed_time"),
+        ("torch.Tensor", torch.Tensor, "__eq__"),
+        ("torch.Tensor", torch.Tensor, "allclose"),
+        ("torch.Tensor", torch.Tensor, "to"),
+        ("torch.Tensor", torch.Tensor, "cpu"),
+    ]
+    return targets
+
+
+def guarded_attributes() -> list[tuple[str, Any, str, Any]]:
+    """Functions a candidate could replace to forge timing or comparison, captured now."""
+    return [(label, owner, attr, getattr(owner, attr)) for label, owner, attr in _guarded_targets()]
+
+
+def changed_attributes(guarded: list[tuple[str, Any, str, Any]]) -> list[str]:
+    return [
+        f"{label}.{attr}"
+        for label, owner, attr, value in guarded
+        if getattr(owner, attr) is not value
+    ]
+
+
+def share_inline_builds() -> None:
+    """Make `load_inline` build into a directory keyed by the hash of its arguments, so an
+    identical extension is compiled once per machine, whichever worker asks for it."""
+    original = cpp_extension.load_inline
+
+    @functools.wraps(original)
+    def load_inline(name: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("build_directory") is None:
+            key = hashlib.sha256(
+                repr((name, args, sorted(kwargs.items()), torch.__version__)).encode()
+            ).hexdigest()[:20]
+            folder = subdir("torch-extensions") / f"{name}-{key}"
+            folder.mkdir(parents=True, exist_ok=True)
+            kwargs["build_directory"] = str(folder)
+        return original(name, *args, **kwargs)
+
+    cpp_extension.load_inline = load_inline
+
+
+def cuda_entry_model(source: str, entry: str, name: str) -> torch.nn.Module:
+    """A module whose forward calls `entry` of a `.cu` file built with `load_inline`."""
+    match = re.search(_ENTRY_SIGNATURE.format(name=re.escape(entry)), source)
+    if match is None:
+        raise CandidateError(f"no host function `torch::Tensor {entry}(...)` in the .cu file")
+    ext_name = re.sub(r"\W", "_", f"htam_{name}_{entry}")
+    module = cpp_extension.load_inline(
+        ext_name, cpp_sources=match.group(1) + ";", cuda_sources=source, functions=[entry]
+    )
+    function = getattr(module, entry)
+
+    class EntryModel(torch.nn.Module):
+        def forward(self, *inputs: Any) -> Any:
+            return function(*inputs)
+
+    return EntryModel()
+
+
+def classify(error: BaseException) -> tuple[str, str]:
+    """(error kind, compiler log) for an exception raised by a candidate."""
+    text = str(error)
+    if isinstance(error, CompileError):
+        return "compile_error", error.log
+    if isinstance(error, SyntaxError):
+        return "compile_error", ""
+    if "Error building extension" in text:
+        return "compile_error", text
+    if isinstance(error, MemoryError | torch.cuda.OutOfMemoryError) or _OOM.search(text):
+        return "oom", ""
+    if _CUDA.search(text):
+        return "cuda_error", ""
+    return "runtime_error", ""
+
+
+def l2_flush_buffer(device: torch.device) -> torch.Tensor | None:
+    """A buffer twice the L2 size; zeroing it between trials evicts the inputs (GPU only)."""
+    if device.type != "cuda":
+        return None
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+    return torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.float32, device=device)
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """atol = rtol per dtype, KernelBench's current `get_tolerance_for_precision`
+    (ScalingIntelligence/KernelBench, src/kernelbench/eval.py): fp32 1e-4, fp16 and
+    bf16 1e-2 (from torchbench). Other floats use fp32's; integers must match exactly."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return 1e-2
+    return 1e-4 if dtype.is_floating_point else 0.0

@@ -1,0 +1,58 @@
+"""Point an error at a line of the user's file and quote the lines around it."""
+
+from __future__ import annotations
+
+import re
+
+_GUTTER = re.compile(r"^\s*(\d+)\s*\|\s?(.*)$")
+_LOCATION = re.compile(r":(\d+):\d+: (?:fatal )?error|\((\d+)\): error")
+_LINE_WORD = re.compile(r"\bline (\d+)")
+_ERROR = re.compile(r"\berror\b", re.IGNORECASE)
+_BUILD_PATH = re.compile(r"\S*/(kernel\.\w+|main\.\w+)")
+CONTEXT = 2
+
+
+def around(source: str, line: int | None) -> str:
+    """`source` lines near `line`, numbered as in the file, the line itself marked `>`."""
+    if not line:
+        return ""
+    lines = source.splitlines()
+    first, last = max(1, line - CONTEXT), min(len(lines), line + CONTEXT)
+    return "\n".join(
+        f"{'>' if number == line else ' '}{number:5d} | {lines[number - 1]}"
+        for number in range(first, last + 1)
+    )
+
+
+def first_line_number(detail: str) -> int | None:
+    match = _LINE_WORD.search(detail)
+    return int(match.group(1)) if match else None
+
+
+def first_error(log: str) -> str:
+    """The first line of a compiler log that reports an error."""
+    for line in log.splitlines():
+        if _ERROR.search(line):
+            return _BUILD_PATH.sub(r"\1", line.strip())[:400]
+    return ""
+
+
+def line_from_log(log: str, source: str) -> int | None:
+    """The user's line for the first compiler error. Compilers quote the offending line
+    under the message (`   12 | code`); embedded sources keep their text, so find it."""
+    if not log:
+        return None
+    by_text: dict[str, int] = {}
+    for number, text in enumerate(source.splitlines(), 1):
+        by_text.setdefault(text.strip(), number)
+    lines = log.splitlines()
+    for index, text in enumerate(lines):
+        where = _LOCATION.search(text)
+        if not where:
+            continue
+        wanted = where.group(1) or where.group(2)
+        for quoted in lines[index + 1 : index + 6]:
+            gutter = _GUTTER.match(quoted)
+            if gutter and gutter.group(1) == wanted and gutter.group(2).strip() in by_text:
+                return by_text[gutter.group(2).strip()]
+    return None

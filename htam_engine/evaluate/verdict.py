@@ -1,0 +1,86 @@
+"""What one evaluation says: the `Verdict`, its checks and its error."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ERROR_KINDS = (
+    "compile_error",
+    "runtime_error",
+    "incorrect",
+    "timeout",
+    "crash",
+    "oom",
+    "cuda_error",
+    "cheating",
+    "cancelled",
+    "no_gpu",
+)
+SUSPECT_SPEEDUP = 10.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Wall-clock limits in seconds per phase, and the address-space cap of a CPU worker."""
+
+    compile_s: float = 120.0
+    verify_s: float = 60.0
+    time_s: float = 120.0
+    memory_mb: int = 16384
+    input_sets: int = 3
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class EvalError:
+    kind: str
+    message: str
+    excerpt: str = ""
+    line: int | None = None
+
+
+@dataclass
+class Verdict:
+    """The outcome of evaluating one candidate; `to_json()` is the CLI's `--json` document."""
+
+    compiled: bool = False
+    correct: bool = False
+    runtime_ms: float | None = None
+    ref_runtime_ms: float | None = None
+    speedup: float | None = None
+    device: str = "cpu"
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    spread: dict[str, float] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    error: EvalError | None = None
+    cached: bool = False
+    suspect: bool = False
+    inputs_checked: int = 0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verdict:
+        fields = dict(data)
+        fields["checks"] = [Check(**check) for check in data.get("checks", [])]
+        fields["error"] = EvalError(**data["error"]) if data.get("error") else None
+        return cls(**fields)
+
+    def fail(self, kind: str, message: str) -> Verdict:
+        """Record the first error (later ones are consequences)."""
+        if self.error is None:
+            self.error = EvalError(kind, message)
+        self.correct = False
+        return self
+
+    def add_check(self, name: str, passed: bool, detail: str = "") -> None:
+        self.checks.append(Check(name, passed, detail))
