@@ -42,7 +42,7 @@ def test_truncated_block_is_rejected() -> None:
 
 
 def test_unterminated_fence_accepted_when_it_parses() -> None:
-    text = "Here:\n```cpp\nextern \"C\" void f(float* x) { x[0] = 1.f; }\n"
+    text = 'Here:\n```cpp\nextern "C" void f(float* x) { x[0] = 1.f; }\n'
     assert extract_code(text, "cpp") == 'extern "C" void f(float* x) { x[0] = 1.f; }\n'
 
 
@@ -52,7 +52,9 @@ def test_missing_fence_whole_text_that_parses() -> None:
 
 
 def test_missing_fence_with_leading_prose() -> None:
-    text = "Here is the implementation.\nimport torch\n\nclass ModelNew(torch.nn.Module):\n    pass\n"
+    text = (
+        "Here is the implementation.\nimport torch\n\nclass ModelNew(torch.nn.Module):\n    pass\n"
+    )
     code = extract_code(text, "python")
     assert code is not None and code.startswith("import torch")
 
@@ -78,7 +80,8 @@ def test_unknown_language_is_a_clear_error() -> None:
 
 def test_cuda_constructs_parse_cleanly() -> None:
     source = (
-        "template <int B>\n__global__ void __launch_bounds__(256) k(const float* __restrict__ x) {\n"
+        "template <int B>\n"
+        "__global__ void __launch_bounds__(256) k(const float* __restrict__ x) {\n"
         "  #pragma unroll\n  for (int i = 0; i < 4; ++i) { float4 v = ((const float4*)x)[i]; }\n}\n"
         'extern "C" void run(float* x) { k<256><<<1, 256>>>(x); }\n'
     )

@@ -14,7 +14,7 @@ from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider, RetryPolic
 from htam_engine.llm.replay import Recorder, ReplayProvider
 
 PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
-DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o-mini"}
+DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-4o-mini"}
 # Local OpenAI-compatible servers (vLLM, Ollama, llama.cpp) accept any key; the SDK needs one.
 NO_KEY = "no-key"
 

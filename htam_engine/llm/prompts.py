@@ -97,9 +97,9 @@ def generation_prompt(
                 _fenced(positive_example, fence, BUDGET["positive"]),
             )
         )
-    warnings = [truncate_tokens(w.strip(), BUDGET["warning"]) for w in negative_warnings if w]
+    warnings = [w.strip() for w in negative_warnings if w.strip()][:MAX_WARNINGS]
     if warnings:
-        shown = "\n".join(f"- {w}" for w in warnings[:MAX_WARNINGS])
+        shown = "\n".join(f"- {truncate_tokens(w, BUDGET['warning'])}" for w in warnings)
         parts.append(_section("Where this strategy failed before (avoid)", shown))
     parts.append(f"Write the new implementation now: the complete file in one ```{fence} block.")
     return system, "\n".join(parts)

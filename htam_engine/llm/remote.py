@@ -143,6 +143,8 @@ class RemoteProvider(Provider):
         self.prices = prices
         self.cache = cache
         self.retry = retry or RetryPolicy()
+        if base_url is None and prices.price(model) is None:
+            log.warning("no price listed for %s; its calls count as $0 (see HTAM_PRICES)", model)
 
     def _complete(self, system: str, prompt: str, *, max_tokens: int, purpose: str) -> Completion:
         started = time.perf_counter()

