@@ -25,12 +25,14 @@ from htam_engine.llm import Provider, count_tokens, extract_code, generation_pro
 from htam_engine.memory import START, Graph, MemoryStore, Outcome
 from htam_engine.policy import (
     EvidenceLocalSelector,
-    LLMLocalSelector,
+    GlobalDecision,
+    LocalDecision,
     LocalSelector,
     PolicyConfig,
     reward,
     select_global,
 )
+from htam_engine.policy.llm_chooser import LLMLocalSelector
 from htam_engine.state import PathEntry, State
 from htam_engine.strategies import REGISTRY
 from htam_engine.task import Task
@@ -158,6 +160,7 @@ class Optimizer:
         )
         self.prefix = [START] * config.policy.K
         self.path: list[PathEntry] = []
+        self.tried: set[tuple[str, str]] = set()  # (strategy, code) pairs already evaluated
 
     # -- the loop -------------------------------------------------------------------
 
@@ -188,8 +191,9 @@ class Optimizer:
         state = self._state(current)
         self._phase(step, "select")
         decision = select_global(usable, self.prefix, state, self.config.policy, self.rng)
-        local = self.local_selector.choose(usable, decision.chosen, state, applicable)
+        local = self._choose_local(usable, decision, state, applicable)
         g, node = decision.chosen, graph.locals[local.local_id]
+        self.tried.add((local.local_id, current))
         self._phase(step, "generate", g, local.local_id)
         candidate, tokens = self._generate(node, current, state)
         if candidate is None:
@@ -228,7 +232,9 @@ class Optimizer:
         """None for a runnable strategy, else the reason it cannot run now."""
         result: dict[str, str | None] = {}
         for local_id, node in graph.locals.items():
-            if node.mechanical:
+            if (local_id, source) in self.tried:
+                result[local_id] = "already tried on the current code"
+            elif node.mechanical:
                 rewrite = REGISTRY.get(node.mechanical)
                 result[local_id] = (
                     rewrite.check(source) if rewrite else f"unknown rewrite {node.mechanical}"
@@ -252,6 +258,22 @@ class Optimizer:
             best_speedup=self.result.best_speedup,
             path=list(self.path),
         )
+
+    def _choose_local(
+        self,
+        graph: Graph,
+        decision: GlobalDecision,
+        state: State,
+        applicable: dict[str, str | None],
+    ) -> LocalDecision:
+        """The strategy inside the chosen direction; the ablation modes bypass the memory."""
+        mode = self.config.policy.mode
+        if decision.chosen_local:  # flat retrieval already picked a strategy
+            return LocalDecision(decision.chosen_local, "flat retrieval over all strategies")
+        if mode in {"no_local", "random"}:
+            pick = self.rng.choice(sorted(n.id for n in graph.locals_of(decision.chosen)))
+            return LocalDecision(pick, f"{mode}: uniform over runnable strategies")
+        return self.local_selector.choose(graph, decision.chosen, state, applicable)
 
     def _generate(self, node: Any, current: str, state: State) -> tuple[str | None, int]:
         if node.mechanical:
@@ -286,11 +308,10 @@ class Optimizer:
 
     def _status(self, verdict: Verdict) -> tuple[str, float | None]:
         """The outcome status and the speedup over the best so far (reference-normalised)."""
+        kind = verdict.error.kind if verdict.error else None
         if not verdict.compiled:
-            kind = verdict.error.get("kind") if verdict.error else None
             return ("timeout" if kind == "timeout" else "compile_error"), None
         if not verdict.correct:
-            kind = verdict.error.get("kind") if verdict.error else None
             return (kind if kind in {"crash", "timeout"} else "incorrect"), None
         best = self.result.best_ref_speedup
         if best is None or not verdict.speedup:
@@ -300,7 +321,7 @@ class Optimizer:
 
     def _learn(
         self,
-        decision: Any,
+        decision: GlobalDecision,
         local_id: str,
         status: str,
         verdict: dict[str, Any],
@@ -338,7 +359,7 @@ class Optimizer:
     def _feedback_text(self) -> str:
         if not self.result.steps:
             v = self.result.start_verdict
-            return f"starting implementation: correct={v.get('correct')} runtime_ms={v.get('runtime_ms')}"
+            return f"starting implementation: correct={v.get('correct')}, {v.get('runtime_ms')} ms"
         last = self.result.steps[-1]
         error = last.verdict.get("error") or {}
         return (

@@ -153,9 +153,10 @@ class _Display:
                     highlight=False,
                 )
             elif event["event"] == "step":
+                speedup = format_speedup(event["speedup"])
                 self.console.print(
                     f"[bold]step {event['step']}[/]: {event['global']} -> {event['local']}: "
-                    f"[cyan]{event['status']}[/] {format_speedup(event['speedup'])}  ({event['reason']})",
+                    f"[cyan]{event['status']}[/] {speedup}  ({event['reason']})",
                     highlight=False,
                 )
 
@@ -178,4 +179,3 @@ def _final_table(summary: dict[str, Any]) -> Table:
         f"{format_speedup(summary['ref_speedup'])} vs PyTorch; stopped: {summary['stopped']}"
     )
     return table
-

@@ -33,9 +33,10 @@ def markdown_report(result: RunResult) -> str:
     ]
     for s in result.steps:
         runtime = s.verdict.get("runtime_ms")
+        shown = "-" if runtime is None else f"{runtime:.3f}"
         lines.append(
             f"| {s.step} | {s.global_id} | {s.local_id} | {s.reason.replace('|', '/')} "
-            f"| {s.status} | {format_speedup(s.speedup)} | {'-' if runtime is None else f'{runtime:.3f}'} |"
+            f"| {s.status} | {format_speedup(s.speedup)} | {shown} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -45,6 +46,7 @@ def plot_speedups(result: RunResult, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     steps = [0] + [s.step for s in result.steps]
     measured = [1.0] + [s.speedup if s.speedup is not None else float("nan") for s in result.steps]
@@ -57,6 +59,7 @@ def plot_speedups(result: RunResult, path: Path) -> None:
     ax.step(steps, best, where="post", label="best so far")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set(xlabel="step", ylabel="speedup over start", title=f"HTAM: {result.task}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path)

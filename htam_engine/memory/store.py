@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -77,12 +78,15 @@ class MemoryStore:
         self.db_path = self.home / DB_NAME
         self.journal_path = self.home / JOURNAL_NAME
         self._lock_path = self.home / LOCK_NAME
+        self._guard = threading.RLock()  # one connection, shared by the loop's and server's threads
         self._db = self._open_checked()
 
     # --- opening, migration, recovery ------------------------------------------------
 
     def _connect(self, path: Path) -> sqlite3.Connection:
-        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        db = sqlite3.connect(
+            path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
@@ -196,13 +200,18 @@ class MemoryStore:
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        with self._guard:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        with self._guard:
+            return self._db.execute(sql, params).fetchall()
 
     def _write(self, record: dict[str, Any], change: Callable[[sqlite3.Connection], None]) -> None:
         """One transaction that applies `change` and journals `record` before committing."""
@@ -228,9 +237,7 @@ class MemoryStore:
     def graph(self, backend: str) -> Graph:
         """The seed of `backend` with every learned statistic and evidence overlaid."""
         graph = load_seed(backend)
-        rows = self._db.execute(
-            "SELECT kind, id, value FROM learned WHERE backend = ?", (backend,)
-        ).fetchall()
+        rows = self._query("SELECT kind, id, value FROM learned WHERE backend = ?", (backend,))
         for kind, key, value in rows:
             _overlay(graph, kind, key, _decode(value, f"{backend} {kind} {key}"))
         return graph
@@ -281,25 +288,22 @@ class MemoryStore:
 
     def get(self, namespace: str, key: str) -> Any:
         """The value stored under namespace/key, or None."""
-        row = self._db.execute(
-            "SELECT value FROM kv WHERE namespace = ? AND key = ?", (namespace, key)
-        ).fetchone()
-        return None if row is None else _decode(row[0], f"{namespace}/{key}")
+        rows = self._query("SELECT value FROM kv WHERE namespace = ? AND key = ?", (namespace, key))
+        return _decode(rows[0][0], f"{namespace}/{key}") if rows else None
 
     def items(self, namespace: str) -> list[tuple[str, Any]]:
         """Every (key, value) of a namespace, newest first."""
-        rows = self._db.execute(
-            "SELECT key, value FROM kv WHERE namespace = ? ORDER BY updated DESC, key",
-            (namespace,),
-        ).fetchall()
+        rows = self._query(
+            "SELECT key, value FROM kv WHERE namespace = ? ORDER BY updated DESC, key", (namespace,)
+        )
         return [(key, _decode(value, f"{namespace}/{key}")) for key, value in rows]
 
     # --- export / import / reset -----------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         """Everything learned, as one JSON document (the export format)."""
-        learned = self._db.execute("SELECT backend, kind, id, value FROM learned ORDER BY 1, 2, 3")
-        kv = self._db.execute("SELECT namespace, key, value FROM kv ORDER BY 1, 2")
+        learned = self._query("SELECT backend, kind, id, value FROM learned ORDER BY 1, 2, 3")
+        kv = self._query("SELECT namespace, key, value FROM kv ORDER BY 1, 2")
         return {
             "format": EXPORT_FORMAT,
             "schema_version": SCHEMA_VERSION,
