@@ -272,6 +272,11 @@ def _substitute(body: Node, accesses: list[Node], component: str) -> str:
     return out.decode()
 
 
+def _reindent(block: str, extra: int) -> str:
+    """Shift every line after the first right by `extra` spaces (nested deeper)."""
+    return block.replace("\n", "\n" + " " * extra)
+
+
 def _vector_body(
     code: bytes, guard: analysis.Guard, accesses: list[Node], used: list[str], written: set[str]
 ) -> str:
@@ -293,12 +298,13 @@ def _vector_body(
         lines.append(f"{inner}{{")
         lines.append(f"{inner}    {t} {i} = {i}_base + {k};")
         lines.append(f"{inner}    (void){i};")
-        lines.append(f"{inner}    {_substitute(guard.body, accesses, component)}")
+        lines.append(f"{inner}    {_reindent(_substitute(guard.body, accesses, component), 8)}")
         lines.append(f"{inner}}}")
     lines += [f"{inner}reinterpret_cast<float4*>({p})[{i}_v4] = {p}_v4;" for p in sorted(written)]
     lines.append(f"{pad}}} else {{")
     tail = f"{i} < {n} && {i} < {i}_base + 4"
-    lines.append(f"{inner}for ({t} {i} = {i}_base; {tail}; ++{i}) {text(guard.body)}")
+    body = _reindent(text(guard.body), 4)
+    lines.append(f"{inner}for ({t} {i} = {i}_base; {tail}; ++{i}) {body}")
     lines.append(f"{pad}}}")
     return "\n".join(lines)
 
