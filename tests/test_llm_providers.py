@@ -12,6 +12,7 @@ import pytest
 from llm_api_server import ANTHROPIC_PATH, OPENAI_PATH, Reply, ScriptedAPIServer
 
 from htam_engine.llm import LLMError, Provider, RetryPolicy, load_prices, make_provider
+from htam_engine.llm.remote import retry_after_s
 
 KIND = ["anthropic", "openai"]
 PATHS = {"anthropic": ANTHROPIC_PATH, "openai": OPENAI_PATH}
@@ -163,11 +164,52 @@ def test_timeout_is_retried_then_reported(kind: str, server: ScriptedAPIServer) 
 
 
 @pytest.mark.parametrize("kind", KIND)
-def test_malformed_json_body(kind: str, server: ScriptedAPIServer) -> None:
-    server.script(Reply(raw_body=b'{"id": "x", "content": [tru'))
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"id": "x", "content": [tru', "malformed JSON"),
+        (b"{}", "unexpected .* response"),
+        (b"null", "unexpected .* response"),
+        (b'{"choices": [], "content": [{"type": "text"}]}', "unexpected .* response"),
+    ],
+)
+def test_malformed_body(kind: str, body: bytes, message: str, server: ScriptedAPIServer) -> None:
+    server.script(Reply(raw_body=body))
     llm = provider(kind, server, retry=fast_retry(sleeps=[]))
-    with pytest.raises(LLMError, match="malformed JSON"):
+    with pytest.raises(LLMError, match=message):
         llm.complete("s", "p")
+    assert len(server.requests) == 1
+
+
+def test_connection_refused_is_retried_then_reported() -> None:
+    with ScriptedAPIServer() as server:
+        url = server.url
+    sleeps: list[float] = []
+    made, _ = make_provider(
+        "openai", base_url=url + "/v1", env={}, cache=False, retry=fast_retry(2, sleeps)
+    )
+    assert made is not None
+    with pytest.raises(LLMError, match="connection failed.*gave up after 2 attempts"):
+        made.complete("s", "p")
+    assert len(sleeps) == 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "low", "high"),
+    [
+        ({"retry-after": "7"}, 7.0, 7.0),
+        ({"retry-after-ms": "250", "retry-after": "9"}, 0.25, 0.25),
+        ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, float("-inf"), 0.0),
+    ],
+)
+def test_retry_after_forms(headers: dict[str, str], low: float, high: float) -> None:
+    value = retry_after_s(headers)
+    assert value is not None and low <= value <= high
+
+
+def test_unparsable_retry_after_falls_back_to_backoff() -> None:
+    assert retry_after_s({"retry-after": "soon"}) is None
+    assert retry_after_s({}) is None
 
 
 @pytest.mark.parametrize("kind", KIND)

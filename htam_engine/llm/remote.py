@@ -49,6 +49,10 @@ class RetryPolicy:
         return min(backoff, self.max_delay_s)
 
 
+class MalformedResponse(ValueError):
+    """A response that is valid JSON but not the API's shape."""
+
+
 @dataclass(frozen=True)
 class Answer:
     text: str
@@ -72,8 +76,11 @@ def retry_after_s(headers: Any) -> float | None:
     try:
         return float(value)
     except ValueError:
-        moment = email.utils.parsedate_to_datetime(value) if value else None
-        return None if moment is None else moment.timestamp() - time.time()
+        pass
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError):
+        return None  # unparsable: fall back to exponential backoff
 
 
 _TRANSIENT = (
@@ -93,6 +100,8 @@ def _classify(error: Exception) -> tuple[bool, float | None, str]:
         return True, None, f"connection failed ({error})"
     if isinstance(error, json.JSONDecodeError):
         return False, None, f"the server answered with malformed JSON ({error})"
+    if isinstance(error, MalformedResponse):
+        return False, None, f"the server answered with {error}"
     if isinstance(error, _STATUS):
         status = error.status_code
         headers = getattr(error.response, "headers", None)
@@ -205,9 +214,11 @@ class AnthropicProvider(RemoteProvider):
             system=system,
             messages=[{"role": "user", "content": prompt}],
         )
-        text = "".join(block.text for block in message.content if block.type == "text")
-        usage = message.usage
-        return Answer(text, usage.input_tokens, usage.output_tokens)
+        try:
+            text = "".join(block.text for block in message.content if block.type == "text")
+            return Answer(text, int(message.usage.input_tokens), int(message.usage.output_tokens))
+        except (AttributeError, TypeError, ValueError) as error:
+            raise MalformedResponse(f"unexpected Messages API response ({error})") from None
 
 
 class OpenAIProvider(RemoteProvider):
@@ -230,12 +241,13 @@ class OpenAIProvider(RemoteProvider):
                 {"role": "user", "content": prompt},
             ],
         )
-        if not isinstance(response, openai.types.chat.ChatCompletion) or not response.choices:
-            raise ValueError(f"the server answered without choices: {str(response)[:200]}")
-        text = response.choices[0].message.content or ""
-        usage = response.usage
-        return Answer(
-            text,
-            usage.prompt_tokens if usage else 0,
-            usage.completion_tokens if usage else 0,
-        )
+        try:
+            text = response.choices[0].message.content or ""
+            usage = response.usage  # optional on some local servers
+            return Answer(
+                text,
+                int(usage.prompt_tokens) if usage else 0,
+                int(usage.completion_tokens) if usage else 0,
+            )
+        except (AttributeError, IndexError, TypeError, ValueError) as error:
+            raise MalformedResponse(f"unexpected chat completions response ({error})") from None
