@@ -84,7 +84,9 @@ def _arguments(
     if task == "matmul":
         b = inputs[1]
         return [x.data_ptr(), b.data_ptr(), out.data_ptr(), x.shape[0], b.shape[1], x.shape[1]]
-    w, bias = model.linear.weight, model.linear.bias
+    linear = model.get_submodule("linear")
+    assert isinstance(linear, torch.nn.Linear)
+    w, bias = linear.weight, linear.bias
     return [
         x.data_ptr(),
         w.data_ptr(),
