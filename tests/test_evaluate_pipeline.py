@@ -1,0 +1,128 @@
+"""The whole evaluation pipeline on CPU, with real compiled candidates and real processes."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from htam_engine.evaluate import Limits, evaluate
+from htam_engine.task import load_task
+
+FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+QUICK = Limits(compile_s=60, verify_s=30, time_s=60)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def htam_home(tmp_path_factory):
+    """A private HTAM home (cache, builds, locks) for this module."""
+    previous = os.environ.get("HTAM_HOME")
+    home = tmp_path_factory.mktemp("htam-home")
+    os.environ["HTAM_HOME"] = str(home)
+    yield home
+    if previous is None:
+        del os.environ["HTAM_HOME"]
+    else:
+        os.environ["HTAM_HOME"] = previous
+
+
+def run(name: str, **kwargs):
+    task = load_task(FIXTURES / name)
+    assert task.impl_source is not None
+    return evaluate(task, task.impl_source, device="cpu", **{"limits": QUICK, **kwargs})
+
+
+def test_correct_candidate_is_verified_and_timed():
+    verdict = run("correct.py")
+    assert verdict.error is None, verdict.error
+    assert verdict.compiled and verdict.correct and not verdict.cached
+    assert verdict.inputs_checked == 3
+    assert all(check.passed for check in verdict.checks)
+    assert len(verdict.samples["candidate"]) >= 10 and len(verdict.samples["reference"]) >= 10
+    assert verdict.runtime_ms and verdict.ref_runtime_ms and verdict.speedup
+    assert verdict.speedup == pytest.approx(verdict.ref_runtime_ms / verdict.runtime_ms)
+    assert set(verdict.phase_seconds) == {"compile", "verify", "time"}
+    assert "htam_candidate" not in sys.modules  # the caller never imports the candidate
+
+
+def test_repeated_cli_eval_answers_from_cache_in_under_a_second():
+    task = FIXTURES / "correct.py"
+    command = [sys.executable, "-m", "htam_engine.cli", "eval", str(task), str(task), "--json"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    start = time.monotonic()
+    second = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    verdict = json.loads(second.stdout)  # exactly one JSON document
+    assert verdict["cached"] and verdict["correct"]
+    in_process = time.monotonic()
+    assert run("correct.py", limits=Limits()).cached
+    assert time.monotonic() - in_process < 1.0
+    assert time.monotonic() - start < 10  # interpreter start included
+
+
+@pytest.mark.parametrize(
+    ("fixture", "kind", "check"),
+    [
+        ("incorrect.py", "incorrect", "output.values"),
+        ("cheats/stale_buffer.py", "incorrect", "output.finite"),
+        ("cheats/torch_method.py", "cheating", "runtime.torch_ops"),
+        ("cheats/return_input.py", "cheating", "output.aliasing"),
+        ("cheats/mutate_input.py", "cheating", "output.inputs_unchanged"),
+        ("cheats/side_thread.py", "cheating", "output.synchronous"),
+        ("cheats/cached_output.py", "cheating", "output.fresh"),
+        ("cheats/monkeypatch_timer.py", "cheating", "runtime.monkeypatch"),
+        ("cheats/torch_fallback.py", "cheating", "static.torch_compute"),
+        ("cheats/try_except.py", "cheating", "static.try_except"),
+        ("cheats/caller_frames.py", "cheating", "static.frame_inspection"),
+        ("cheats/downcast.py", "cheating", "static.precision_downcast"),
+        ("cheats/lazy_subclass.py", "cheating", "static.tensor_subclass"),
+        ("cheats/monkeypatch_compare.py", "cheating", "static.monkeypatch"),
+    ],
+)
+def test_wrong_and_cheating_candidates_are_rejected_with_their_reason(fixture, kind, check):
+    verdict = run(fixture, use_cache=False)
+    assert not verdict.correct and verdict.error is not None
+    assert verdict.error.kind == kind, verdict.error
+    assert check in [c.name for c in verdict.checks if not c.passed]
+    assert check in verdict.error.message
+
+
+def test_compile_error_points_at_the_users_line():
+    verdict = run("no_compile.py", use_cache=False)
+    assert not verdict.compiled and verdict.error and verdict.error.kind == "compile_error"
+    assert "error" in verdict.error.message
+    source = (FIXTURES / "no_compile.py").read_text().splitlines()
+    assert verdict.error.line and "y[i] = x[i]" in source[verdict.error.line - 1]
+    assert f"> {verdict.error.line:4d} |" in verdict.error.excerpt
+
+
+def test_segfault_gives_a_crash_verdict():
+    verdict = run("crash.py", use_cache=False)
+    assert verdict.compiled and verdict.error and verdict.error.kind == "crash"
+    assert "SIGSEGV" in verdict.error.message
+
+
+def test_hang_is_killed_at_the_verify_limit():
+    start = time.monotonic()
+    verdict = run("hang.py", use_cache=False, limits=Limits(compile_s=60, verify_s=2))
+    assert verdict.error and verdict.error.kind == "timeout"
+    assert "verify" in verdict.error.message
+    assert time.monotonic() - start < 60
+
+
+def test_cancel_kills_the_worker_promptly():
+    cancel = threading.Event()
+    cancelled_at: list[float] = []
+
+    def on_phase(phase: str) -> None:
+        if phase == "verify":
+            cancelled_at.append(time.monotonic())
+            threading.Timer(0.3, cancel.set).start()
+
+    verdict = run("hang.py", use_cache=False, cancel=cancel, on_phase=on_phase)
+    assert verdict.error and verdict.error.kind == "cancelled"
+    assert time.monotonic() - cancelled_at[0] < 5
