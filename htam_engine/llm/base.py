@@ -10,9 +10,9 @@ from typing import Any
 
 # Shapes of API keys that must never reach a file even if nobody registered them.
 _KEY_PATTERNS = (
-    re.compile(r"sk-ant-[A-Za-z0-9_\-]{8,}"),
-    re.compile(r"sk-[A-Za-z0-9_\-]{16,}"),
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-]{16,}"),
+    re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{8,}"),
+    re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"),
+    re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._\-]{16,}"),
     re.compile(r"(?i)(x-api-key['\"]?\s*[:=]\s*['\"]?)[A-Za-z0-9._\-]{8,}"),
 )
 REDACTED = "[REDACTED]"

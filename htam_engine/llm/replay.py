@@ -46,11 +46,11 @@ class ReplayProvider(Provider):
 
     name = "replay"
 
-    def __init__(self, cassette: Path, model: str = "replay") -> None:
+    def __init__(self, cassette: Path) -> None:
         super().__init__()
         self.cassette = Path(cassette)
-        self.model = model
         self._entries = _read_cassette(self.cassette)
+        self.model = str(self._entries[0].get("model", "replay")) if self._entries else "replay"
         self._used = [False] * len(self._entries)
 
     def _pick(self, key: str, purpose: str) -> dict[str, Any]:
