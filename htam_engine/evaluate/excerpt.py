@@ -39,7 +39,8 @@ def first_error(log: str) -> str:
 
 def line_from_log(log: str, source: str) -> int | None:
     """The user's line for the first compiler error. Compilers quote the offending line
-    under the message (`   12 | code`); embedded sources keep their text, so find it."""
+    under the message (g++: `   12 | code`, nvcc: the bare line); embedded sources keep
+    their text, so find that text in the user's file."""
     if not log:
         return None
     by_text: dict[str, int] = {}
@@ -50,9 +51,12 @@ def line_from_log(log: str, source: str) -> int | None:
         where = _LOCATION.search(text)
         if not where:
             continue
-        wanted = where.group(1) or where.group(2)
-        for quoted in lines[index + 1 : index + 6]:
+        following = lines[index + 1 : index + 6]
+        if where.group(2):  # nvcc quotes the code on the next line, without a gutter
+            quoted = following[0].strip() if following else ""
+            return by_text.get(quoted)
+        for quoted in following:
             gutter = _GUTTER.match(quoted)
-            if gutter and gutter.group(1) == wanted and gutter.group(2).strip() in by_text:
-                return by_text[gutter.group(2).strip()]
+            if gutter and gutter.group(1) == where.group(1):
+                return by_text.get(gutter.group(2).strip())
     return None
