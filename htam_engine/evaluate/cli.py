@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 from htam_engine.cli import UserError
-from htam_engine.task import load_task
+from htam_engine.task import Task, guess_backend, load_task, parse_directive
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,12 +58,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if verdict["correct"] else 1
 
 
-def _with_candidate(task, path: Path, source: str):  # type: ignore[no-untyped-def]
-    from dataclasses import replace
-
-    from htam_engine.task import guess_backend, parse_directive
-
-    kind = "cu" if path.suffix in (".cu", ".cuh") else "py"
+def _with_candidate(task: Task, path: Path, source: str) -> Task:
+    """`task` with `path` as the implementation (its own directive may name the entry)."""
+    kind: Literal["py", "cu"] = "cu" if path.suffix in (".cu", ".cuh") else "py"
     entry = parse_directive(source).get("entry") or task.entry
     return replace(
         task,
