@@ -29,7 +29,7 @@ import {
   findInterpreter,
   installHint,
   interpreterCandidates,
-  SERVER_CODE,
+  SERVER_ARGS,
 } from "./interpreter";
 import {
   formatSpeedup,
@@ -68,6 +68,9 @@ function secretName(provider: KeyProvider): string {
 /** Owns the one language client of this window and everything that reflects its state. */
 class Htam implements vscode.Disposable {
   private client: LanguageClient | undefined;
+  private starting = false;
+  /** Why the server is not running, when it is not. */
+  private failure: string | undefined;
   private unavailable: vscode.Disposable | undefined;
   private queue: Promise<void> = Promise.resolve();
   private readonly tracker = new JobTracker();
@@ -145,10 +148,17 @@ class Htam implements vscode.Disposable {
   private async doRestart(reason: string): Promise<void> {
     this.log.info(`Starting htam-lsp: ${reason}`);
     await this.stopClient();
+    this.starting = true;
+    this.failure = undefined;
+    this.renderStatus();
     try {
       await this.startClient();
     } catch (error) {
+      this.client = undefined;
       this.fail(`HTAM: htam-lsp failed to start: ${String(error)}`);
+    } finally {
+      this.starting = false;
+      this.renderStatus();
     }
   }
 
@@ -168,7 +178,7 @@ class Htam implements vscode.Disposable {
     this.log.info(`Interpreter: ${describe(found)}; workspace trusted: ${trusted}`);
     const serverOptions: ServerOptions = {
       command: found.command,
-      args: ["-c", SERVER_CODE],
+      args: SERVER_ARGS,
       options: { env: serverEnvironment(process.env, await this.storedKeys()) },
     };
     const client = new LanguageClient("htam", "HTAM", serverOptions, this.clientOptions(trusted));
@@ -177,7 +187,6 @@ class Htam implements vscode.Disposable {
     this.unavailable = undefined;
     this.client = client;
     await client.start();
-    this.renderStatus();
   }
 
   private clientOptions(trusted: boolean): LanguageClientOptions {
@@ -226,9 +235,7 @@ class Htam implements vscode.Disposable {
         vscode.commands.registerCommand(id, () => vscode.window.showErrorMessage(message)),
       ),
     );
-    this.status.text = "$(error) HTAM: not running";
-    this.status.tooltip = message;
-    this.status.command = "htam.showLog";
+    this.failure = message;
     void vscode.window.showErrorMessage(message, "Open Settings", "Show Log").then((choice) => {
       if (choice === "Open Settings") {
         void vscode.commands.executeCommand("workbench.action.openSettings", "htam.interpreter");
@@ -330,21 +337,27 @@ class Htam implements vscode.Disposable {
     void vscode.commands.executeCommand("htam.cancel", { jobId });
   }
 
+  /** The server itself says why a job was refused (window/showMessage). */
   private announce(state: JobState): void {
     const subject = state.kernel || state.uri;
-    if (state.state === "refused") {
-      void vscode.window.showWarningMessage(`HTAM: ${subject}: ${state.message || "refused"}`);
-    } else if (state.state === "failed") {
+    if (state.state === "failed") {
       void vscode.window.showErrorMessage(`HTAM: ${subject} failed: ${state.message}`);
     } else if (state.state === "done") {
-      const best = state.bestSpeedup === null ? "" : `best ${formatSpeedup(state.bestSpeedup)}; `;
-      const line = `${best}${state.message || "finished"}`;
-      void vscode.window.showInformationMessage(`HTAM: ${subject}: ${line}`);
+      const best = state.bestSpeedup === null ? "finished" : `best ${formatSpeedup(state.bestSpeedup)}`;
+      void vscode.window.showInformationMessage(
+        `HTAM: ${subject}: ${state.message || best}. Apply it from the light bulb (Ctrl+.).`,
+      );
     }
   }
 
   private renderStatus(): void {
-    const view = this.tracker.view();
+    if (this.failure && !this.starting) {
+      this.status.text = "$(error) HTAM: not running";
+      this.status.tooltip = this.failure;
+      this.status.command = "htam.showLog";
+      return;
+    }
+    const view = this.tracker.view({ starting: this.starting, trusted: vscode.workspace.isTrusted });
     this.status.text = view.text;
     this.status.tooltip = view.tooltip;
     this.status.command = view.running ? "htam.cancel" : "htam.showLog";

@@ -32,8 +32,15 @@ const SOURCE_LABELS: Record<InterpreterSource, string> = {
 
 const PROBE_TIMEOUT_MS = 20_000;
 
-/** Code run with `python -c` to start the server on stdio. */
-export const SERVER_CODE = "import sys; from htam_lsp.server import main; sys.exit(main())";
+/**
+ * `-P` keeps the working directory (the workspace) off `sys.path`: a folder named
+ * `htam_lsp` in an untrusted workspace must not be what runs. htam needs Python 3.11+,
+ * which is also where `-P` appeared.
+ */
+const SAFE_PATH = "-P";
+
+/** Arguments that start the server on stdio. */
+export const SERVER_ARGS = [SAFE_PATH, "-c", "import sys; from htam_lsp.server import main; sys.exit(main())"];
 
 /**
  * Interpreters to try, best first. An explicit setting is the only candidate: a user who
@@ -57,13 +64,13 @@ export function describe(candidate: InterpreterCandidate): string {
   return `${candidate.command} (from ${SOURCE_LABELS[candidate.source]})`;
 }
 
-/** Runs `python -c "import htam_lsp"` and reports why it failed, if it did. */
-export function probeInterpreter(command: string): Promise<ProbeResult> {
+/** Runs `python -P -c "import htam_lsp"` in `cwd` and reports why it failed, if it did. */
+export function probeInterpreter(command: string, cwd?: string): Promise<ProbeResult> {
   return new Promise((resolve) => {
     execFile(
       command,
-      ["-c", "import htam_lsp"],
-      { timeout: PROBE_TIMEOUT_MS, windowsHide: true },
+      [SAFE_PATH, "-c", "import htam_lsp"],
+      { timeout: PROBE_TIMEOUT_MS, windowsHide: true, ...(cwd ? { cwd } : {}) },
       (error, _stdout, stderr) => {
         if (!error) {
           resolve({ ok: true, detail: "" });

@@ -21,6 +21,12 @@ export interface StatusView {
   running: boolean;
 }
 
+/** What the status bar needs to know about the server besides its jobs. */
+export interface ServerState {
+  starting: boolean;
+  trusted: boolean;
+}
+
 const TERMINAL: ReadonlySet<JobPhase> = new Set(["done", "failed", "cancelled", "refused"]);
 
 export function isTerminal(state: JobState): boolean {
@@ -109,16 +115,26 @@ export class JobTracker {
     this.last = undefined;
   }
 
-  view(): StatusView {
+  view(server: ServerState): StatusView {
+    if (server.starting) {
+      return { text: "$(loading~spin) HTAM: starting", tooltip: "HTAM: starting htam-lsp", running: false };
+    }
     const current = this.current();
     if (current) {
       return runningView(current, this.active.size);
     }
-    return this.last ? finishedView(this.last) : idleView();
+    return this.last ? finishedView(this.last) : idleView(server.trusted);
   }
 }
 
-function idleView(): StatusView {
+function idleView(trusted: boolean): StatusView {
+  if (!trusted) {
+    return {
+      text: "$(shield) HTAM: idle (restricted)",
+      tooltip: "HTAM: Restricted Mode: kernels are parsed and explained, nothing is run. Trust the workspace to optimize.",
+      running: false,
+    };
+  }
   return { text: "$(beaker) HTAM: idle", tooltip: "HTAM: no optimization running", running: false };
 }
 

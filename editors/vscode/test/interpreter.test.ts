@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
@@ -41,14 +41,27 @@ test("a missing interpreter is reported as not found", async () => {
   assert.match(result.detail, /not found/);
 });
 
-test("an interpreter without htam_lsp reports the import error", async () => {
-  // A real Python run with an empty environment: -I ignores PYTHONPATH and user site.
+/** A real python3 that sees no site-packages, so htam_lsp can only come from the cwd. */
+function isolatedPython(): string {
   const dir = mkdtempSync(join(tmpdir(), "htam-probe-"));
   const wrapper = join(dir, "python-isolated");
-  writeFileSync(wrapper, '#!/bin/sh\nexec python3 -I -S "$@"\n', { mode: 0o755 });
-  const result = await probeInterpreter(wrapper);
+  writeFileSync(wrapper, '#!/bin/sh\nexec python3 -S -E -s "$@"\n', { mode: 0o755 });
+  return wrapper;
+}
+
+test("an interpreter without htam_lsp reports the import error", async () => {
+  const result = await probeInterpreter(isolatedPython());
   assert.equal(result.ok, false);
   assert.match(result.detail, /ModuleNotFoundError: No module named 'htam_lsp'/);
+});
+
+test("a htam_lsp folder in the working directory does not count as installed", async () => {
+  const workspace = mkdtempSync(join(tmpdir(), "htam-workspace-"));
+  mkdirSync(join(workspace, "htam_lsp"));
+  writeFileSync(join(workspace, "htam_lsp", "__init__.py"), "");
+  const result = await probeInterpreter(isolatedPython(), workspace);
+  assert.equal(result.ok, false);
+  assert.match(result.detail, /No module named 'htam_lsp'/);
 });
 
 test("findInterpreter takes the first candidate that works", async () => {

@@ -2,6 +2,8 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { type JobState, JobTracker, parseJobState, percent, progressMessage } from "../src/jobs";
 
+const SERVER = { starting: false, trusted: true };
+
 function job(fields: Partial<JobState>): JobState {
   const state = parseJobState({ jobId: "j1", uri: "file:///k.py", kernel: "softmax", state: "running", ...fields });
   assert.ok(state);
@@ -30,15 +32,23 @@ test("missing or wrong-typed fields get neutral values", () => {
 });
 
 test("the tracker is idle before any job", () => {
-  const view = new JobTracker().view();
+  const view = new JobTracker().view(SERVER);
   assert.equal(view.running, false);
   assert.match(view.text, /idle/);
+});
+
+test("Restricted Mode and a starting server are visible when idle", () => {
+  const tracker = new JobTracker();
+  assert.match(tracker.view({ starting: false, trusted: false }).text, /restricted/);
+  assert.match(tracker.view({ starting: true, trusted: true }).text, /starting/);
+  tracker.update(job({ step: 1, steps: 2 }));
+  assert.match(tracker.view({ starting: false, trusted: false }).text, /step 1 of 2/);
 });
 
 test("a running job shows its step of N", () => {
   const tracker = new JobTracker();
   tracker.update(job({ step: 2, steps: 6, phase: "compile" }));
-  const view = tracker.view();
+  const view = tracker.view(SERVER);
   assert.equal(view.running, true);
   assert.match(view.text, /step 2 of 6/);
   assert.match(view.tooltip, /softmax/);
@@ -49,7 +59,7 @@ test("a finished job shows the best speedup and leaves no current job", () => {
   const tracker = new JobTracker();
   tracker.update(job({ step: 1, steps: 1 }));
   tracker.update(job({ state: "done", step: 1, steps: 1, bestSpeedup: 1.8449 }));
-  const view = tracker.view();
+  const view = tracker.view(SERVER);
   assert.equal(view.running, false);
   assert.match(view.text, /1\.84x/);
   assert.equal(tracker.current(), undefined);
@@ -58,10 +68,10 @@ test("a finished job shows the best speedup and leaves no current job", () => {
 test("refused and failed jobs say so", () => {
   const tracker = new JobTracker();
   tracker.update(job({ state: "refused", message: "workspace not trusted" }));
-  assert.match(tracker.view().text, /refused/);
-  assert.match(tracker.view().tooltip, /workspace not trusted/);
+  assert.match(tracker.view(SERVER).text, /refused/);
+  assert.match(tracker.view(SERVER).tooltip, /workspace not trusted/);
   tracker.update(job({ state: "failed" }));
-  assert.match(tracker.view().text, /failed/);
+  assert.match(tracker.view(SERVER).text, /failed/);
 });
 
 test("the newest active job wins, and the count of others is shown", () => {
@@ -69,10 +79,10 @@ test("the newest active job wins, and the count of others is shown", () => {
   tracker.update(job({ jobId: "a", state: "queued" }));
   tracker.update(job({ jobId: "b", step: 1, steps: 3 }));
   assert.equal(tracker.current()?.jobId, "b");
-  assert.match(tracker.view().text, /step 1 of 3 \(\+1\)/);
+  assert.match(tracker.view(SERVER).text, /step 1 of 3 \(\+1\)/);
   tracker.update(job({ jobId: "b", state: "cancelled" }));
   assert.equal(tracker.current()?.jobId, "a");
-  assert.match(tracker.view().text, /queued/);
+  assert.match(tracker.view(SERVER).text, /queued/);
 });
 
 test("progress percent is bounded and the message names step and phase", () => {

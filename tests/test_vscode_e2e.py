@@ -1,0 +1,377 @@
+"""The VS Code extension, for real: typecheck + unit tests, and the user story end to end.
+
+The end-to-end tests install the built `htam.vsix` into code-server (VS Code in a
+browser), drive it with Playwright in Debian's Chromium against the real `htam-lsp`,
+and save screenshots to test-artifacts/vscode/. `bash editors/vscode/scripts/setup.sh`
+installs everything they need; when one of its steps failed they skip naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+REPO = Path(__file__).resolve().parents[1]
+EXTENSION = REPO / "editors" / "vscode"
+TOOLS = REPO / ".tools"
+SETUP_FAILED = TOOLS / "vscode-setup-failed"
+NODE_BIN = TOOLS / "node" / "node_modules" / "node" / "bin"
+CODE_SERVER = TOOLS / "code-server" / "node_modules" / ".bin" / "code-server"
+VSIX = EXTENSION / "htam.vsix"
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = REPO / "test-artifacts" / "vscode"
+EXAMPLE = REPO / "examples" / "softmax"
+KERNEL_FILE = "cpu_naive.py"
+KERNEL_NAME = "softmax_forward"
+SETUP = "bash editors/vscode/scripts/setup.sh"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+USER_SETTINGS = {
+    "htam.provider": "offline",
+    "htam.device": "cpu",
+    "workbench.startupEditor": "none",
+    "workbench.secondarySideBar.defaultVisibility": "hidden",
+    "chat.disableAIFeatures": True,
+    "security.workspace.trust.startupPrompt": "never",
+    "extensions.autoCheckUpdates": False,
+    "extensions.autoUpdate": False,
+    "telemetry.telemetryLevel": "off",
+    "editor.hover.delay": 100,
+}
+STARTUP_S = 60
+STEP_TIMEOUT_S = 300
+
+
+def _tool_env() -> dict[str, str]:
+    """PATH with this interpreter's bin (htam-lsp, python3) and Node 24 first."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), str(NODE_BIN), os.environ["PATH"]])
+    return {**os.environ, "PATH": path}
+
+
+def _setup_problem() -> str | None:
+    """Why the end-to-end test cannot run here, or None."""
+    if SETUP_FAILED.exists():
+        return f"VS Code setup failed: {SETUP_FAILED.read_text().strip()} (rerun `{SETUP}`)"
+    for what, path in (("code-server", CODE_SERVER), ("htam.vsix", VSIX), ("Chromium", CHROMIUM)):
+        if not path.exists():
+            return f"{what} is not installed ({path}): run `{SETUP}`"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed: pip install -e '.[dev]'"
+    return None
+
+
+# --- the extension's own checks ------------------------------------------------------------
+
+
+def test_extension_typechecks_and_unit_tests_pass() -> None:
+    if not (EXTENSION / "node_modules").is_dir():
+        pytest.skip(f"the extension's npm packages are not installed: run `{SETUP}`")
+    for script in ("typecheck", "test"):
+        done = subprocess.run(
+            ["npm", "run", "--silent", script],
+            cwd=EXTENSION,
+            env=_tool_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, f"npm run {script}:\n{done.stdout}\n{done.stderr}"
+    assert re.search(r"^# fail 0$", done.stdout, re.MULTILINE), done.stdout
+    assert not re.search(r"^# pass 0$", done.stdout, re.MULTILINE), done.stdout
+
+
+# --- a VS Code session ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_http(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+@dataclass
+class VSCode:
+    """A code-server window on a folder holding a copy of the softmax example."""
+
+    page: Page
+    folder: Path
+    htam_home: Path
+    logs: Path
+    name: str
+    shots: list[Path] = field(default_factory=list)
+
+    @property
+    def kernel(self) -> Path:
+        return self.folder / KERNEL_FILE
+
+    def shot(self, moment: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"{self.name}-{len(self.shots) + 1:02d}-{moment}.png"
+        self.page.screenshot(path=str(path))
+        self.shots.append(path)
+
+    def status(self) -> str:
+        item = self.page.locator(".statusbar-item", has_text="HTAM:")
+        return str(item.first.inner_text()) if item.count() else ""
+
+    def wait_status(self, pattern: str, timeout_s: float) -> str:
+        """Waits until the HTAM status bar item matches `pattern`; returns its text."""
+        deadline = time.monotonic() + timeout_s
+        while not re.search(pattern, text := self.status()):
+            if time.monotonic() > deadline:
+                self.shot("timeout")
+                raise AssertionError(f"status bar {text!r} never matched {pattern!r}")
+            time.sleep(0.5)
+        return text
+
+    def palette(self, title: str) -> None:
+        page = self.page
+        page.keyboard.press("F1")
+        box = page.locator(".quick-input-widget input")
+        box.wait_for(state="visible")
+        box.fill(f">{title}")
+        row = page.locator(".quick-input-list .monaco-list-row", has_text=title)
+        row.first.wait_for(state="visible")
+        page.keyboard.press("Enter")
+
+    def open_kernel(self) -> None:
+        page = self.page
+        page.keyboard.press("Control+P")
+        box = page.locator(".quick-input-widget input")
+        box.wait_for(state="visible")
+        box.fill(KERNEL_FILE)
+        page.locator(".quick-input-list .monaco-list-row", has_text=KERNEL_FILE).first.wait_for()
+        page.keyboard.press("Enter")
+        page.locator(".tab.active", has_text=KERNEL_FILE).wait_for()
+        page.locator(".monaco-editor .view-lines").first.click()
+
+    def go_to_kernel(self) -> None:
+        """Puts the cursor on the C++ kernel's name (the server's unit under the cursor)."""
+        lines = self.kernel.read_text().splitlines()
+        line = next(i for i, text in enumerate(lines, 1) if f"void {KERNEL_NAME}(" in text)
+        self.page.keyboard.press("Control+G")
+        self.page.keyboard.type(f"{line}:{lines[line - 1].index(KERNEL_NAME) + 2}")
+        self.page.keyboard.press("Enter")
+
+    def hover_text(self) -> str:
+        """Shows the hover at the cursor (Ctrl+K Ctrl+I) and returns its text."""
+        page = self.page
+        hover = page.locator(".monaco-hover:visible", has_text="HTAM")
+        deadline = time.monotonic() + 30
+        while not hover.count():
+            if time.monotonic() > deadline:
+                raise AssertionError("no HTAM hover appeared")
+            page.keyboard.press("Control+K")
+            page.keyboard.press("Control+I")
+            time.sleep(1)
+        return str(hover.first.inner_text())
+
+    def notifications(self) -> str:
+        toasts = self.page.locator(".notifications-toasts .notification-toast")
+        return "\n".join(toasts.all_inner_texts())
+
+    def htam_log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.logs.rglob("*HTAM*.log"))
+
+
+def _write_settings(user_data: Path) -> None:
+    """User settings, and the interpreter as a machine setting (code-server's extension
+    host is remote: it reads machine-scoped settings there). It is named because the
+    extension host takes PATH from a login shell, not from whoever started code-server."""
+    for scope, values in (
+        ("User", USER_SETTINGS),
+        ("Machine", {"htam.interpreter": sys.executable}),
+    ):
+        settings = user_data / scope / "settings.json"
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(json.dumps(values, indent=2))
+
+
+def _install_extension(env: dict[str, str], user_data: Path, extensions: Path) -> None:
+    done = subprocess.run(
+        [str(CODE_SERVER), "--user-data-dir", str(user_data), "--extensions-dir", str(extensions)]
+        + ["--install-extension", str(VSIX)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "successfully installed" in done.stdout, (
+        done.stdout + done.stderr
+    )
+
+
+@pytest.fixture
+def vscode(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VSCode]:
+    problem = _setup_problem()
+    if problem:
+        pytest.skip(problem)
+    from playwright.sync_api import sync_playwright
+
+    folder = tmp_path / "workspace"
+    folder.mkdir()
+    for name in (KERNEL_FILE, "reference.py"):
+        shutil.copy(EXAMPLE / name, folder / name)
+    user_data, extensions, htam_home = tmp_path / "user-data", tmp_path / "ext", tmp_path / "htam"
+    env = {**_tool_env(), "HTAM_HOME": str(htam_home), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    _write_settings(user_data)
+    _install_extension(env, user_data, extensions)
+    port = _free_port()
+    with (tmp_path / "code-server.log").open("w") as log:
+        server = subprocess.Popen(
+            [str(CODE_SERVER), "--auth", "none", "--bind-addr", f"127.0.0.1:{port}"]
+            + ["--user-data-dir", str(user_data), "--extensions-dir", str(extensions)]
+            + ["--disable-telemetry", "--disable-update-check", str(folder)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    session: VSCode | None = None
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/healthz", STARTUP_S)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1500, "height": 950})
+            page.set_default_timeout(STARTUP_S * 1000)
+            page.goto(f"http://127.0.0.1:{port}/?folder={folder}")
+            page.locator(".monaco-workbench").wait_for()
+            session = VSCode(page, folder, htam_home, user_data / "logs", request.node.name)
+            try:
+                yield session
+            finally:
+                browser.close()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+        if session is not None:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            (ARTIFACTS / f"{session.name}-htam.log").write_text(session.htam_log())
+        shutil.copy(
+            tmp_path / "code-server.log", ARTIFACTS / f"{request.node.name}-code-server.log"
+        )
+
+
+# --- the user story ------------------------------------------------------------------------
+
+
+def _recorded_sources(htam_home: Path) -> list[str]:
+    """Every candidate source the server recorded for the kernel (its verified history)."""
+    from htam_engine.memory import MemoryStore
+    from htam_lsp.suggestions import NAMESPACE
+
+    store = MemoryStore(home=htam_home)
+    return [
+        str(step["source"])
+        for _key, record in store.items(NAMESPACE)
+        for step in (record or {}).get("history", [])
+        if step.get("source")
+    ]
+
+
+@pytest.mark.slow
+def test_untrusted_folder_parses_and_hovers_but_executes_nothing(vscode: VSCode) -> None:
+    original = vscode.kernel.read_text()
+    vscode.open_kernel()
+    vscode.wait_status(r"idle \(restricted\)", STARTUP_S)
+    vscode.page.locator(".codelens-decoration", has_text="Optimize with HTAM").first.wait_for()
+    vscode.shot("restricted-mode")
+    vscode.go_to_kernel()
+    assert "HTAM" in vscode.hover_text()
+    vscode.palette("HTAM: Next Step")
+    vscode.wait_status("execution refused", 60)
+    vscode.page.locator(".notification-toast", has_text="not allowed").first.wait_for()
+    vscode.shot("refused")
+    assert "trust" in vscode.notifications().lower()
+    assert vscode.kernel.read_text() == original
+    assert not (vscode.htam_home / "lsp-runs").exists(), "a job ran in an untrusted folder"
+    assert not (vscode.htam_home / "lsp-buffers").exists(), "a job started in an untrusted folder"
+
+
+@pytest.mark.slow
+def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
+    original = vscode.kernel.read_text()
+    vscode.open_kernel()
+    vscode.wait_status(r"idle \(restricted\)", STARTUP_S)
+    _trust_workspace(vscode)
+    vscode.wait_status(r"HTAM: idle$", STARTUP_S)
+    vscode.page.locator(".tab", has_text=KERNEL_FILE).first.click()
+    vscode.go_to_kernel()
+    vscode.palette("HTAM: Next Step")
+    vscode.wait_status(r"step \d+ of 1|queued", 60)
+    vscode.shot("running")
+    finished = vscode.wait_status(r"HTAM: (\d+\.\d+x|done|failed)", STEP_TIMEOUT_S)
+    vscode.shot("step-finished")
+    assert "failed" not in finished, vscode.htam_log()
+
+    vscode.go_to_kernel()
+    hover = vscode.hover_text()
+    vscode.shot("hover")
+    for heading in ("Last step", "Transition evidence", "Measured history"):
+        assert heading in hover, hover
+
+    vscode.go_to_kernel()
+    vscode.page.keyboard.press("Control+.")
+    action = vscode.page.locator(".action-widget .monaco-list-row", has_text="HTAM: apply")
+    action.first.wait_for()
+    title = str(action.first.inner_text())
+    vscode.shot("light-bulb")
+    direction = re.search(r"HTAM: apply (.+?) -> ", title)
+    assert direction, title
+    assert direction.group(1) in hover, f"hover does not explain {direction.group(1)!r}"
+    action.first.click()
+    vscode.page.keyboard.press("Control+S")
+    deadline = time.monotonic() + 30
+    while vscode.kernel.read_text() == original and time.monotonic() < deadline:
+        time.sleep(0.5)
+    vscode.shot("applied")
+    changed = vscode.kernel.read_text()
+    assert changed != original, "accepting the HTAM action did not change the file"
+    assert changed in _recorded_sources(vscode.htam_home), "the file is not a verified candidate"
+
+
+def _trust_workspace(vscode: VSCode) -> None:
+    """Grants Workspace Trust the way a user does: Manage Workspace Trust, then Trust."""
+    vscode.palette("Workspaces: Manage Workspace Trust")
+    button = vscode.page.locator(".workspace-trust-editor .monaco-button", has_text="Trust")
+    button.first.wait_for()
+    vscode.shot("trust-editor")
+    button.first.click()
