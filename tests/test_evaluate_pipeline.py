@@ -106,6 +106,13 @@ def test_segfault_gives_a_crash_verdict():
     assert "SIGSEGV" in verdict.error.message
 
 
+def test_out_of_memory_gives_an_oom_verdict():
+    verdict = run("oom.py", use_cache=False)
+    assert verdict.compiled and verdict.error and verdict.error.kind == "oom"
+    source = (FIXTURES / "oom.py").read_text().splitlines()
+    assert verdict.error.line and "bytearray" in source[verdict.error.line - 1]
+
+
 def test_hang_is_killed_at_the_verify_limit():
     start = time.monotonic()
     verdict = run("hang.py", use_cache=False, limits=Limits(compile_s=60, verify_s=2))

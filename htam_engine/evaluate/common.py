@@ -18,7 +18,9 @@ import torch.utils.cpp_extension as cpp_extension
 from htam_engine.kernels import CompileError
 from htam_engine.paths import subdir
 
-_OOM = re.compile(r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|std::bad_alloc", re.IGNORECASE)
+_OOM = re.compile(
+    r"out of memory|can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED|std::bad_alloc", re.I
+)
 _CUDA = re.compile(r"CUDA error|CUDA kernel errors|cudaError|illegal memory access", re.I)
 _ENTRY_SIGNATURE = r"((?:torch::Tensor|at::Tensor|std::vector<torch::Tensor>)\s+{name}\s*\([^)]*\))"
 

@@ -250,6 +250,8 @@ def _error_event(error: BaseException, candidate: Path) -> dict[str, Any]:
     if isinstance(error, SyntaxError) and error.filename == str(candidate):
         lines.append(error.lineno or 0)
     tail = "".join(traceback.format_exception_only(type(error), error)).strip()
+    if isinstance(error, common.CandidateError):
+        tail = str(error)
     return {
         "event": "error",
         "kind": kind,
