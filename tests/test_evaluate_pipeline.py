@@ -121,6 +121,20 @@ def test_hang_is_killed_at_the_verify_limit():
     assert time.monotonic() - start < 60
 
 
+def test_failing_reference_is_reported_not_raised(tmp_path):
+    (tmp_path / "reference.py").write_text(
+        (FIXTURES / "reference.py").read_text().replace("return [torch.randn(64, 256)]", "1 / 0")
+    )
+    candidate = tmp_path / "correct.py"
+    candidate.write_text((FIXTURES / "correct.py").read_text())
+    task = load_task(candidate)
+    verdict = evaluate(task, candidate.read_text(), device="cpu", use_cache=False, limits=QUICK)
+    assert verdict.error and verdict.error.kind == "runtime_error"
+    assert (
+        "reference failed" in verdict.error.message and "ZeroDivisionError" in verdict.error.message
+    )
+
+
 def test_cancel_kills_the_worker_promptly():
     cancel = threading.Event()
     cancelled_at: list[float] = []

@@ -107,6 +107,9 @@ class Child:
     def _death(self, phase: str) -> Stop:
         code = self.popen.wait()
         tail = self.log.read_text(errors="replace")[-1500:] if self.log.exists() else ""
+        if self.name == "judge":
+            last = tail.strip().splitlines()[-1:] or ["no output"]
+            return Stop("runtime_error", f"the reference failed during {phase}: {last[0]}", tail)
         if code < 0:
             name = signal.Signals(-code).name
             if -code == signal.SIGKILL:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# every `EvalError.kind` the evaluator produces
 ERROR_KINDS = (
     "compile_error",
     "runtime_error",
@@ -45,6 +46,10 @@ class EvalError:
     excerpt: str = ""
     line: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.kind not in ERROR_KINDS:
+            raise ValueError(f"unknown error kind {self.kind!r}")
+
 
 @dataclass
 class Verdict:
@@ -74,13 +79,3 @@ class Verdict:
         fields["checks"] = [Check(**check) for check in data.get("checks", [])]
         fields["error"] = EvalError(**data["error"]) if data.get("error") else None
         return cls(**fields)
-
-    def fail(self, kind: str, message: str) -> Verdict:
-        """Record the first error (later ones are consequences)."""
-        if self.error is None:
-            self.error = EvalError(kind, message)
-        self.correct = False
-        return self
-
-    def add_check(self, name: str, passed: bool, detail: str = "") -> None:
-        self.checks.append(Check(name, passed, detail))

@@ -33,6 +33,7 @@ _CUDA_EVENT = torch.cuda.Event
 _CUDA_SYNC = torch.cuda.synchronize
 _GUARDED = common.guarded_attributes()
 _FRAME_EVENTS: list[str] = []
+LATE_CHECK_S = 0.1  # how long after forward returns the output is saved again
 _WATCH_FRAMES = threading.Event()
 
 # aten ops that only allocate, view or copy: anything else in forward is torch compute.
@@ -171,7 +172,7 @@ class Worker:
                 o.as_subclass(torch.Tensor) if isinstance(o, torch.Tensor) else o for o in outputs
             ]
             _SAVE({"inputs": inputs, "outputs": plain}, self.jobdir / f"cand_{index}.pt")
-            _SLEEP(0.05)
+            _SLEEP(LATE_CHECK_S)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             _SAVE({"outputs": plain}, self.jobdir / f"late_{index}.pt")
