@@ -40,12 +40,14 @@ end
 local function report(job)
   local state = job.state
   if state == 'done' then
-    local best = type(job.bestSpeedup) == 'number'
-        and ('best %.2fx measured; :HtamApply applies it, :HtamExplain says why'):format(
-          job.bestSpeedup
-        )
-      or 'no verified improvement yet'
-    notify(('%s done: %s'):format(where(job), best))
+    local best = job.bestSpeedup
+    local summary = 'no verified candidate yet'
+    if type(best) == 'number' and best > 1 then
+      summary = ('best %.2fx measured; :HtamApply applies it'):format(best)
+    elseif type(best) == 'number' then
+      summary = ('nothing faster yet (best %.2fx)'):format(best)
+    end
+    notify(('%s done: %s; :HtamExplain says why'):format(where(job), summary))
   elseif state == 'failed' then
     local why = job.message or 'no reason given'
     notify(('%s failed: %s'):format(where(job), why), vim.log.levels.ERROR)
@@ -75,7 +77,14 @@ function M.on_job_state(_, result, _)
   end
   local key = tostring(result.jobId)
   local previous = M.jobs[key]
-  local job = vim.tbl_extend('force', previous or {}, result)
+  local job = vim.deepcopy(previous or {})
+  for name, value in pairs(result) do
+    if value == vim.NIL then -- JSON null: the field is not known (yet)
+      job[name] = nil
+    else
+      job[name] = value
+    end
+  end
   M.jobs[key] = job
   if not previous or previous.state ~= job.state then
     report(job)
