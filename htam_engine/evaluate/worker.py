@@ -156,6 +156,10 @@ class Worker:
             torch.cuda.current_stream().synchronize()
 
     def verify(self) -> None:
+        # Fresh allocations (torch.empty and friends) come back NaN-filled, so an output
+        # the candidate never wrote cannot pass for a result.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
         ops: set[str] = set()
         types: set[str] = set()
         for index in range(self.job["input_sets"]):
@@ -187,7 +191,11 @@ class Worker:
             for t in threading.enumerate()
             if t.ident not in self.threads_before and t.is_alive()
         ]
+        nan_fill = torch.are_deterministic_algorithms_enabled() and bool(
+            torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
+        )
         return [
+            common.check("runtime.nan_fill", nan_fill, "NaN-filling of fresh memory was disabled"),
             common.check("runtime.torch_ops", not compute, "torch computes: " + ", ".join(compute)),
             common.check("runtime.monkeypatch", not patched, "replaced: " + ", ".join(patched)),
             common.check(
@@ -204,6 +212,7 @@ class Worker:
         ]
 
     def time(self) -> None:
+        torch.use_deterministic_algorithms(False)  # NaN-filling would be timed too
         inputs = self._inputs(0)
         torch.manual_seed(self.job["init_seed"])
         ref = self.reference.Model(*self.reference.get_init_inputs()).to(self.device)
