@@ -148,7 +148,7 @@ def _write_job(jobdir: Path, task: Task, source: str, device: str, limits: Limit
     (jobdir / "reference.py").write_text(task.reference_source)
     name = display_name(task)
     (jobdir / "candidate" / name).write_text(source)
-    seeds = [secrets.randbelow(2**31) for _ in range(limits.input_sets)]
+    seeds = secrets.SystemRandom().sample(range(2**31), limits.input_sets)  # distinct
     job = {
         "name": task.name,
         "kind": task.kind,
