@@ -48,16 +48,21 @@ H.run({
     end,
   },
   {
-    'setup rejects bad options with a clear message',
+    'setup reports bad options clearly and keeps the previous ones',
     function()
-      local ok, err = pcall(require('htam').setup, { provider = 'gpt' })
-      H.eq(false, ok, 'bad provider fails')
-      H.truthy(err:find('provider must be one of', 1, true), 'message names the option: ' .. err)
-      ok, err = pcall(require('htam').setup, { steps = 0 })
-      local why = tostring(err)
-      H.truthy(not ok and why:find('must be a positive integer', 1, true), 'bad steps: ' .. why)
-      ok, err = pcall(require('htam').setup, { allow_execution = 'yes' })
-      H.truthy(not ok and err:find('allow_execution', 1, true), 'bad type: ' .. tostring(err))
+      local cases = {
+        { { provider = 'gpt' }, 'provider must be one of' },
+        { { steps = 0 }, 'steps must be a positive integer' },
+        { { allow_execution = 'yes' }, 'allow_execution' },
+        { { cmd = 'htam-lsp' }, 'cmd' },
+      }
+      for _, case in ipairs(cases) do
+        local from = #H.messages
+        H.eq(false, require('htam').setup(case[1]), 'setup fails for ' .. vim.inspect(case[1]))
+        local msg = H.wait_message(case[2], from)
+        H.eq(vim.log.levels.ERROR, msg.level, 'an error for ' .. vim.inspect(case[1]))
+      end
+      H.eq('auto', require('htam.config').options.provider, 'options unchanged')
     end,
   },
   {

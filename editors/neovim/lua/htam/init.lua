@@ -45,9 +45,15 @@ local function restart(clients)
 end
 
 --- Configure the plugin (may be called before or after `vim.lsp.enable('htam')`).
+--- Invalid options are reported and change nothing.
 ---@param opts? htam.Options
+---@return boolean ok
 function M.setup(opts)
-  config.apply(opts)
+  local ok, err = pcall(config.apply, opts)
+  if not ok then
+    say(tostring(err), ERROR)
+    return false
+  end
   if opts and opts.cmd then
     vim.lsp.config(NAME, { cmd = opts.cmd })
   end
@@ -66,6 +72,7 @@ function M.setup(opts)
   elseif grant then
     say('restart htam-lsp to allow execution (it was not started by vim.lsp.enable)', WARN)
   end
+  return true
 end
 
 --- The HTAM client of the current buffer; says why when there is none.
