@@ -18,6 +18,13 @@ for name in ("htam_lsp", "tree_sitter_cuda", "tree_sitter_python"):
 print(json.dumps(result))
 ]]
 
+---@param name string
+---@return string the full path where `name` is on $PATH, else `name`
+local function resolve(name)
+  local path = vim.fn.exepath(name)
+  return path ~= '' and path or name
+end
+
 --- The interpreter that runs `exe`: itself, or the one named by its `#!` line.
 ---@param exe string
 ---@return string
@@ -30,16 +37,17 @@ local function python_of(exe)
   if file then
     file:close()
   end
-  local words = vim.split((first:gsub('^#!%s*', '')), '%s+', { trimempty = true })
-  if first:sub(1, 2) == '#!' and words[1] then
-    if vim.fs.basename(words[1]) == 'env' and words[2] then
-      return vim.fn.exepath(words[2]) ~= '' and vim.fn.exepath(words[2]) or words[2]
-    end
-    if vim.fs.basename(words[1]):match('^python') then
-      return words[1]
-    end
+  if first:sub(1, 2) ~= '#!' then
+    return resolve('python3')
   end
-  return vim.fn.exepath('python3') ~= '' and vim.fn.exepath('python3') or 'python3'
+  local words = vim.split(first:sub(3), '%s+', { trimempty = true })
+  if words[1] and vim.fs.basename(words[1]) == 'env' then
+    table.remove(words, 1)
+  end
+  if words[1] and vim.fs.basename(words[1]):match('^python') then
+    return resolve(words[1])
+  end
+  return resolve('python3')
 end
 
 ---@param env? table<string, string>
@@ -64,10 +72,13 @@ end
 ---@param python string
 ---@param env? table<string, string>
 local function check_imports(python, env)
-  local run = vim.system({ python, '-c', PROBE }, { text = true, env = env }):wait(30000)
-  local ok, found = pcall(vim.json.decode, run.stdout or '')
-  if run.code ~= 0 or not ok or type(found) ~= 'table' then
-    h.error(('%s could not run the import check: %s'):format(python, vim.trim(run.stderr or '')))
+  local started, run = pcall(function()
+    return vim.system({ python, '-c', PROBE }, { text = true, env = env }):wait(30000)
+  end)
+  local decoded, found = pcall(vim.json.decode, started and run.stdout or '')
+  if not started or run.code ~= 0 or not decoded or type(found) ~= 'table' then
+    local why = started and vim.trim(run.stderr or '') or tostring(run)
+    h.error(('%s could not run the import check: %s'):format(python, why))
     return
   end
   local advice = {
