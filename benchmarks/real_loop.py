@@ -1,0 +1,180 @@
+"""The real loop on CPU: `htam optimize` with the offline provider on every example.
+
+    .venv/bin/python benchmarks/real_loop.py [--quick] [--steps N] [--device cpu] [--out FILE]
+
+Each `examples/*/<device>_naive.py` runs as `python -m htam_engine.cli optimize ... --json`
+in a subprocess, one after the other (timing needs the cores), with HTAM_HOME in a fresh
+temporary folder shared by the whole run, so the memory learns across the examples the
+way it does for a user. The offline provider applies mechanical rewrites only.
+
+Reported: the fraction of candidates that were correct, the geometric-mean speedup of the
+best correct implementation over the starting one and over the PyTorch reference, and
+the wall time per evaluation split into compile / verify / time (`phase_seconds` of each
+verdict). --quick runs the first example for 2 steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("compile", "verify", "time")
+TIMEOUT_S = 900
+
+
+def run_example(path: Path, steps: int, device: str, seed: int, home: Path) -> dict[str, Any]:
+    """One `htam optimize` run; a failed run is recorded with its error, never raised."""
+    command = [
+        sys.executable, "-m", "htam_engine.cli", "optimize", str(path),
+        "--provider", "offline", "--device", device, "--steps", str(steps),
+        "--seed", str(seed), "--json", "--output", str(home / f"out-{path.parent.name}"),
+    ]  # fmt: skip
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env={**os.environ, "HTAM_HOME": str(home)},
+            cwd=ROOT,
+        )
+    except subprocess.TimeoutExpired:
+        return {"example": path.parent.name, "error": f"timed out after {TIMEOUT_S} s"}
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        return {"example": path.parent.name, "error": done.stderr.strip()[-600:]}
+    return {"example": path.parent.name, "wall_s": wall, **summarize_run(json.loads(done.stdout))}
+
+
+def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
+    verdicts = [result["start_verdict"], *(s["verdict"] for s in result["steps"])]
+    return {
+        "correct": result["correct"],
+        "best_speedup": result["best_speedup"],
+        "ref_speedup": result["ref_speedup"],
+        "start_ref_speedup": result["start_verdict"].get("speedup"),
+        "steps": [
+            {
+                "global": s["global"],
+                "local": s["local"],
+                "status": s["status"],
+                "speedup": s["speedup"],
+                "correct": bool(s["verdict"].get("correct")),
+            }
+            for s in result["steps"]
+        ],
+        "phase_seconds": [v.get("phase_seconds") or {} for v in verdicts],
+        "best_source": result["best_source"],
+    }
+
+
+def error_line(run: dict[str, Any]) -> str:
+    """The last line of a failed run's error, for a table cell."""
+    lines = str(run.get("error") or "").strip().splitlines()
+    return lines[-1].replace("|", "/") if lines else "failed without a message"
+
+
+def _geomean(values: list[float]) -> float | None:
+    good = [v for v in values if v and v > 0]
+    return math.exp(statistics.fmean(math.log(v) for v in good)) if good else None
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    steps = [s for r in ok for s in r["steps"]]
+    phases = [p for r in ok for p in r["phase_seconds"] if p]
+    return {
+        "examples": len(runs),
+        "failed_runs": len(runs) - len(ok),
+        "candidates": len(steps),
+        "correct_rate": sum(s["correct"] for s in steps) / len(steps) if steps else None,
+        "geomean_over_start": _geomean([r["best_speedup"] for r in ok]),
+        "geomean_over_pytorch": _geomean([r["ref_speedup"] for r in ok]),
+        "geomean_start_over_pytorch": _geomean([r["start_ref_speedup"] for r in ok]),
+        "median_phase_s": {
+            ph: statistics.median(p.get(ph, 0.0) for p in phases) if phases else None
+            for ph in PHASES
+        },
+        "median_wall_per_evaluation_s": (
+            statistics.median(r["wall_s"] / (len(r["steps"]) + 1) for r in ok) if ok else None
+        ),
+    }
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def markdown(out: dict[str, Any]) -> str:
+    a = out["summary"]
+    lines = [
+        f"Real loop: offline provider, device {out['device']}, {out['steps']} steps per example, "
+        f"seed {out['seed']}.",
+        "",
+        "| example | correct | best vs start | best vs PyTorch | start vs PyTorch | steps "
+        "(direction/strategy: status) | compile / verify / time s (median) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in out["runs"]:
+        if "error" in r:
+            lines.append(f"| {r['example']} | run failed: {error_line(r)} | | | | | |")
+            continue
+        path = "; ".join(f"{s['global']}/{s['local']}: {s['status']}" for s in r["steps"])
+        ph = [p for p in r["phase_seconds"] if p]
+        times = " / ".join(_s(statistics.median(p.get(k, 0.0) for p in ph)) for k in PHASES)
+        lines.append(
+            f"| {r['example']} | {r['correct']} | {_x(r['best_speedup'])} | "
+            f"{_x(r['ref_speedup'])} | {_x(r['start_ref_speedup'])} | {path} | {times} |"
+        )
+    m = a["median_phase_s"]
+    rate = "-" if a["correct_rate"] is None else f"{a['correct_rate']:.2f}"
+    lines += [
+        "",
+        f"Correct candidates: {rate} of {a['candidates']}; failed runs: {a['failed_runs']}. "
+        f"Geomean best over start {_x(a['geomean_over_start'])}, over PyTorch "
+        f"{_x(a['geomean_over_pytorch'])} (start: {_x(a['geomean_start_over_pytorch'])}). "
+        f"Per evaluation (median s): compile {_s(m['compile'])}, verify {_s(m['verify'])}, "
+        f"time {_s(m['time'])}; wall {_s(a['median_wall_per_evaluation_s'])}.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="first example, 2 steps")
+    parser.add_argument("--steps", type=int, help="steps per example (default 4; quick 2)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("real_loop.json"), help="JSON output")
+    args = parser.parse_args()
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
+    steps = args.steps or (2 if args.quick else 4)
+    examples = sorted(ROOT.glob(f"examples/*/{args.device}_naive.py"))[: 1 if args.quick else None]
+    with tempfile.TemporaryDirectory(prefix="htam-bench-") as home:
+        runs = [run_example(p, steps, args.device, args.seed, Path(home)) for p in examples]
+    out = {"device": args.device, "steps": steps, "seed": args.seed, "runs": runs}
+    out["summary"] = aggregate(runs)
+    out["markdown"] = markdown(out)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print(out["markdown"])
+
+
+if __name__ == "__main__":
+    main()
