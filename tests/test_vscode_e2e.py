@@ -278,6 +278,7 @@ def vscode(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VSCode]:
             try:
                 yield session
             finally:
+                session.shot("end")
                 browser.close()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -333,7 +334,6 @@ def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
     vscode.wait_status(r"idle \(restricted\)", STARTUP_S)
     _trust_workspace(vscode)
     vscode.wait_status(r"HTAM: idle$", STARTUP_S)
-    vscode.page.locator(".tab", has_text=KERNEL_FILE).first.click()
     vscode.go_to_kernel()
     vscode.palette("HTAM: Next Step")
     vscode.wait_status(r"step \d+ of 1|queued", 60)
@@ -371,7 +371,13 @@ def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
 def _trust_workspace(vscode: VSCode) -> None:
     """Grants Workspace Trust the way a user does: Manage Workspace Trust, then Trust."""
     vscode.palette("Workspaces: Manage Workspace Trust")
-    button = vscode.page.locator(".workspace-trust-editor .monaco-button", has_text="Trust")
-    button.first.wait_for()
+    trust_editor = vscode.page.locator(".workspace-trust-editor")
+    button = trust_editor.get_by_role("button", name="Trust", exact=True)
+    button.wait_for()
     vscode.shot("trust-editor")
-    button.first.click()
+    button.click()
+    time.sleep(2)
+    vscode.shot("trusted")
+    vscode.palette("View: Close All Editors")
+    trust_editor.wait_for(state="hidden")
+    vscode.open_kernel()

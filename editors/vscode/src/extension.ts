@@ -61,6 +61,10 @@ function settings(): HtamSettings {
   };
 }
 
+function interpreterSetting(): string {
+  return vscode.workspace.getConfiguration("htam").get("interpreter", "");
+}
+
 function secretName(provider: KeyProvider): string {
   return `htam.apiKey.${provider}`;
 }
@@ -69,6 +73,8 @@ function secretName(provider: KeyProvider): string {
 class Htam implements vscode.Disposable {
   private client: LanguageClient | undefined;
   private starting = false;
+  /** The htam.interpreter value the running server was started with. */
+  private interpreterSetting = "";
   /** Why the server is not running, when it is not. */
   private failure: string | undefined;
   private unavailable: vscode.Disposable | undefined;
@@ -102,6 +108,13 @@ class Htam implements vscode.Disposable {
 
   viewsProvider(): vscode.Disposable {
     return vscode.workspace.registerTextDocumentContentProvider(MarkdownViews.scheme, this.views);
+  }
+
+  /** Restarts when the effective htam.interpreter changed (trust changes it too). */
+  onConfigurationChanged(event: vscode.ConfigurationChangeEvent): void {
+    if (event.affectsConfiguration("htam.interpreter") && interpreterSetting() !== this.interpreterSetting) {
+      void this.restart("htam.interpreter changed");
+    }
   }
 
   async optimizeN(): Promise<void> {
@@ -164,8 +177,9 @@ class Htam implements vscode.Disposable {
 
   private async startClient(): Promise<void> {
     const trusted = vscode.workspace.isTrusted;
+    this.interpreterSetting = interpreterSetting();
     const candidates = interpreterCandidates({
-      setting: vscode.workspace.getConfiguration("htam").get("interpreter", ""),
+      setting: this.interpreterSetting,
       pythonExtension: trusted ? await this.pythonExtensionInterpreter() : undefined,
       trusted,
       platform: process.platform,
@@ -380,11 +394,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.workspace.onDidGrantWorkspaceTrust(() =>
       instance.restart("workspace trusted: execution allowed"),
     ),
-    vscode.workspace.onDidChangeConfiguration((event) => {
-      if (event.affectsConfiguration("htam.interpreter")) {
-        void instance.restart("htam.interpreter changed");
-      }
-    }),
+    vscode.workspace.onDidChangeConfiguration((event) => instance.onConfigurationChanged(event)),
   );
   await instance.restart("activation");
 }
