@@ -127,7 +127,15 @@ H.run({
     ':HtamNext runs a job with progress and a final state',
     function()
       local from = #H.messages
+      local seen = {}
+      vim.api.nvim_create_autocmd('User', {
+        pattern = 'HtamJobState',
+        callback = function(ev)
+          table.insert(seen, ev.data.state)
+        end,
+      })
       H.eq('done', run_job('HtamNext').state, 'job state')
+      H.eq('done', seen[#seen], 'User HtamJobState carries the job')
       H.eq(vim.uri_from_fname(kernel), last_job().uri, 'job uri')
       H.wait_message('compile', from)
       H.wait_message('best 1.75x measured', from)
