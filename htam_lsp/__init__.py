@@ -1,0 +1,1 @@
+"""htam-lsp: the HTAM language server (pygls, stdio). It never imports torch."""

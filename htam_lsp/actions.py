@@ -1,0 +1,364 @@
+"""LSP results built from the documents, the records and the memory.
+
+Kept apart from server.py (the wiring) so that each feature is a plain function of the
+server state; `ls` is the `HtamServer` (typed loosely to avoid an import cycle).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import PurePosixPath
+from typing import Any
+
+from lsprotocol import types as t
+
+from htam_lsp import discovery, insight, render
+from htam_lsp import suggestions as sg
+from htam_lsp.discovery import Unit
+from htam_lsp.documents import Document
+
+ACTION_KIND = "refactor.rewrite.htam"
+SOURCE = "htam"
+_SYMBOL_KINDS = {
+    "global": t.SymbolKind.Function,
+    "host": t.SymbolKind.Function,
+    "model": t.SymbolKind.Class,
+    "module": t.SymbolKind.Module,
+}
+_HINT_SEVERITY = {
+    "no_restrict": t.DiagnosticSeverity.Hint,
+    "no_bounds_check": t.DiagnosticSeverity.Information,
+}
+
+
+def _detail(unit: Unit) -> str:
+    if unit.kind == "global":
+        launched = f", launched by {', '.join(unit.launchers)}" if unit.launchers else ""
+        return f"__global__ kernel{launched}"
+    if unit.kind == "host":
+        return "C++ kernel (CPU)" if unit.language == "cpp" else "host function"
+    return {"model": "KernelBench model", "module": "inline extension"}.get(unit.kind, unit.kind)
+
+
+# --- symbols ------------------------------------------------------------------------------
+
+
+def symbols(ls: Any, doc: Document) -> list[t.DocumentSymbol]:
+    """Kernel units as a hierarchy (units nested by range), cached per version."""
+    key = f"symbols:{ls.encoding}"
+    if key not in doc.cache:
+        roots: list[tuple[Unit, t.DocumentSymbol]] = []
+        stack: list[tuple[Unit, t.DocumentSymbol]] = []
+        for unit in sorted(discovery.units(doc), key=lambda u: (u.start_byte, -u.end_byte)):
+            symbol = t.DocumentSymbol(
+                name=unit.name or "<anonymous>",
+                detail=_detail(unit),
+                kind=_SYMBOL_KINDS.get(unit.kind, t.SymbolKind.Function),
+                range=ls.lsp_range(doc, unit.start_byte, unit.end_byte),
+                selection_range=ls.lsp_range(doc, unit.name_start, unit.name_end),
+                children=[],
+            )
+            while stack and stack[-1][0].end_byte < unit.end_byte:
+                stack.pop()
+            if stack:
+                stack[-1][1].children = [*(stack[-1][1].children or []), symbol]
+            else:
+                roots.append((unit, symbol))
+            stack.append((unit, symbol))
+        doc.cache[key] = [symbol for _unit, symbol in roots]
+    cached: list[t.DocumentSymbol] = doc.cache[key]
+    return cached
+
+
+# --- code lens ----------------------------------------------------------------------------
+
+
+def lenses(ls: Any, doc: Document) -> list[t.CodeLens]:
+    """Over each kernel: run / cancel, and the best measured result once there is one."""
+    found = []
+    job = ls.active_job(doc.uri)
+    for unit in discovery.units(doc):
+        if not unit.is_kernel:
+            continue
+        where = ls.lsp_range(doc, unit.name_start, unit.name_end)
+        argument = {"uri": doc.uri, "position": _position_json(where.start)}
+        if job is not None and job.kernel == unit.name:
+            title = f"HTAM: {job.message or job.state} (cancel)"
+            command = t.Command(title, "htam.cancel", arguments=[{"jobId": job.id}])
+        else:
+            command = t.Command("Optimize with HTAM", "htam.nextStep", arguments=[argument])
+        found.append(t.CodeLens(range=where, command=command))
+        best = sg.best_speedup(ls.records.get(doc.uri, unit.name))
+        if best is not None:
+            graph = ls.graph(insight.backend(doc))
+            title = render.best_lens_title(graph, best)
+            found.append(t.CodeLens(where, t.Command(title, "htam.explain", arguments=[argument])))
+    return found
+
+
+def _position_json(position: t.Position) -> dict[str, int]:
+    return {"line": position.line, "character": position.character}
+
+
+# --- hover / explain ----------------------------------------------------------------------
+
+
+def explain(ls: Any, doc: Document, unit: Unit) -> str:
+    """The Markdown rationale of `unit` (hover and htam.explain)."""
+    graph = ls.graph(insight.backend(doc))
+    record = ls.records.get(doc.uri, unit.name)
+    current = sg.text_hash(doc.data)
+    offered = sg.suggestions(record, current)
+    diff = None
+    if offered:
+        name = PurePosixPath(doc.uri).name
+        diff = render.unified_diff(doc.text, offered[0].source, name)
+    has_history = bool((record or {}).get("history"))
+    preview = None if has_history else insight.preview(doc, unit, graph)
+    return render.hover_markdown(f"`{unit.name}` ({_detail(unit)})", graph, record, diff, preview)
+
+
+# --- diagnostics --------------------------------------------------------------------------
+
+
+def diagnostics(ls: Any, doc: Document) -> list[t.Diagnostic]:
+    found = []
+    units = discovery.units(doc)
+    for unit in units:
+        for hint in unit.hints:
+            found.append(
+                t.Diagnostic(
+                    range=ls.lsp_range(doc, hint.start_byte, hint.end_byte),
+                    message=hint.message,
+                    severity=_HINT_SEVERITY.get(hint.code, t.DiagnosticSeverity.Hint),
+                    source=SOURCE,
+                    code=hint.code,
+                )
+            )
+    first = next((u for u in units if u.kind == "global"), None)
+    if first is not None and insight.needs_binding(doc):
+        found.append(_unbound_diagnostic(ls, doc, first))
+    error = ls.compile_errors.get(doc.uri)
+    if error is not None:
+        found.append(_compile_diagnostic(ls, doc, *error))
+    return found
+
+
+def _unbound_diagnostic(ls: Any, doc: Document, unit: Unit) -> t.Diagnostic:
+    return t.Diagnostic(
+        range=ls.lsp_range(doc, unit.name_start, unit.name_end),
+        message=(
+            "HTAM: this file is not bound to a PyTorch reference, so it cannot be verified "
+            "or timed; add `// htam: reference=REF.py entry=HOST_FUNCTION` (quick fix "
+            "available) or an htam.toml [[kernel]] entry"
+        ),
+        severity=t.DiagnosticSeverity.Information,
+        source=SOURCE,
+        code="unbound",
+    )
+
+
+def map_line(candidate: str, current: str, line: int) -> int:
+    """The line of `current` that corresponds to 0-based `line` of `candidate`."""
+    matcher = difflib.SequenceMatcher(
+        None, candidate.splitlines(), current.splitlines(), autojunk=False
+    )
+    for tag, c1, c2, d1, _d2 in matcher.get_opcodes():
+        if c1 <= line < c2 or (tag == "insert" and c1 == line):
+            return d1 + (line - c1 if tag == "equal" else 0)
+    return max(len(current.splitlines()) - 1, 0)
+
+
+def _compile_diagnostic(
+    ls: Any, doc: Document, candidate: str, line: int, message: str
+) -> t.Diagnostic:
+    row = min(map_line(candidate, doc.text, max(line - 1, 0)), doc.index.line_count - 1)
+    start = doc.index.starts[row]
+    end = start + len(doc.index.line_bytes(row))
+    excerpt = message.strip().splitlines()[0] if message.strip() else "compile error"
+    return t.Diagnostic(
+        range=ls.lsp_range(doc, start, end),
+        message=f"HTAM: the last candidate failed to compile here (its line {line}): {excerpt}",
+        severity=t.DiagnosticSeverity.Error,
+        source=SOURCE,
+        code="candidate_compile_error",
+    )
+
+
+# --- code actions -------------------------------------------------------------------------
+
+
+def code_actions(ls: Any, doc: Document, offset: int) -> list[t.CodeAction]:
+    unit = discovery.unit_at(doc, offset)
+    found: list[t.CodeAction] = []
+    if insight.needs_binding(doc):
+        target = unit or next((u for u in discovery.units(doc) if u.kind == "global"), None)
+        if target is not None:
+            found.append(binding_action(ls, doc, target))
+    if unit is None:
+        return found
+    found += suggestion_actions(ls, doc, unit)
+    found += run_actions(ls, doc, unit)
+    return found
+
+
+def binding_action(ls: Any, doc: Document, unit: Unit) -> t.CodeAction:
+    directive = insight.binding_directive(doc, unit, discovery.units(doc))
+    start = t.Position(0, 0)
+    return t.CodeAction(
+        title=f"HTAM: bind to its reference ({directive.strip()})",
+        kind=t.CodeActionKind.QuickFix,
+        diagnostics=[_unbound_diagnostic(ls, doc, unit)],
+        is_preferred=True,
+        edit=t.WorkspaceEdit(
+            changes={doc.uri: [t.TextEdit(range=t.Range(start, start), new_text=directive)]}
+        ),
+    )
+
+
+def suggestion_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]:
+    """One action per verified candidate strategy; the fastest one preferred."""
+    graph = ls.graph(insight.backend(doc))
+    current = sg.text_hash(doc.data)
+    offered = sg.suggestions(ls.records.get(doc.uri, unit.name), current)
+    resolves_edit = "edit" in (
+        ls.caps("text_document.code_action.resolve_support.properties") or []
+    )
+    tags = _tag_support(ls)
+    found = []
+    for rank, s in enumerate(offered):
+        data = {"uri": doc.uri, "version": doc.version, "kernel": unit.name, "index": s.index}
+        node = graph.locals.get(s.local_id)
+        action = t.CodeAction(
+            title=render.action_title(graph, s.global_id, s.local_id, s.speedup, s.inputs),
+            kind=f"{ACTION_KIND}.{s.local_id}",
+            is_preferred=rank == 0,
+            data=data,
+        )
+        if tags and node is not None and not node.mechanical:
+            action.tags = [t.CodeActionTag.LlmGenerated]
+        if not resolves_edit:
+            action.edit = suggestion_edit(ls, doc, data)
+        found.append(action)
+    return found
+
+
+def _tag_support(ls: Any) -> bool:
+    values = ls.caps("text_document.code_action.tag_support.value_set") or []
+    return t.CodeActionTag.LlmGenerated in values
+
+
+def suggestion_edit(ls: Any, doc: Document, data: dict[str, Any]) -> t.WorkspaceEdit:
+    """The smallest single edit that turns the document into the suggested candidate."""
+    record = ls.records.get(doc.uri, str(data.get("kernel")))
+    history = (record or {}).get("history", [])
+    index = data.get("index")
+    if not isinstance(index, int) or not 0 <= index < len(history):
+        raise ValueError(f"no HTAM suggestion #{index} for {doc.uri}")
+    new = history[index].get("source") or ""
+    start, old_end, replacement = _minimal_change(doc.data, new.encode("utf-8", "surrogatepass"))
+    edit = t.TextEdit(
+        range=ls.lsp_range(doc, start, old_end),
+        new_text=replacement.decode("utf-8", "surrogatepass"),
+    )
+    return t.WorkspaceEdit(changes={doc.uri: [edit]})
+
+
+def _minimal_change(old: bytes, new: bytes) -> tuple[int, int, bytes]:
+    """(start, end in old, replacement): old[:start] + replacement + old[end:] == new."""
+    limit = min(len(old), len(new))
+    prefix = 0
+    while prefix < limit and old[prefix] == new[prefix]:
+        prefix += 1
+    while prefix > 0 and prefix < len(old) and (old[prefix] & 0xC0) == 0x80:
+        prefix -= 1  # keep whole UTF-8 sequences
+    suffix = 0
+    while suffix < limit - prefix and old[-1 - suffix] == new[-1 - suffix]:
+        suffix += 1
+    while suffix > 0 and (old[len(old) - suffix] & 0xC0) == 0x80:
+        suffix -= 1
+    return prefix, len(old) - suffix, new[prefix : len(new) - suffix]
+
+
+def run_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]:
+    """Run the next step; or, where the client shows them, why strategies cannot run."""
+    reasons = blocked_reasons(ls, doc)
+    found = []
+    argument = {
+        "uri": doc.uri,
+        "position": _position_json(ls.lsp_range(doc, unit.name_start, unit.name_end).start),
+    }
+    if not reasons.get("all"):
+        found.append(
+            t.CodeAction(
+                title=f"HTAM: run the next optimization step on {unit.name}",
+                kind=ACTION_KIND,
+                command=t.Command("HTAM: next step", "htam.nextStep", arguments=[argument]),
+            )
+        )
+    if not ls.caps("text_document.code_action.disabled_support"):
+        return found
+    titles = {
+        "all": f"HTAM: optimize {unit.name}",
+        "llm": "HTAM: LLM-written strategies",
+    }
+    for key, reason in reasons.items():
+        found.append(
+            t.CodeAction(
+                title=titles[key],
+                kind=ACTION_KIND,
+                disabled=t.CodeActionDisabled(reason=reason),
+            )
+        )
+    return found
+
+
+def blocked_reasons(ls: Any, doc: Document) -> dict[str, str]:
+    """ "all": nothing can run (and why); "llm": only mechanical strategies can."""
+    reasons: dict[str, str] = {}
+    if not ls.settings.allow_execution:
+        reasons["all"] = "execution is not allowed: trust this workspace or opt in (allowExecution)"
+    elif insight.backend(doc) == "cuda" and not insight.has_gpu():
+        reasons["all"] = "no GPU on this machine: CUDA candidates cannot be verified or timed"
+    offline = ls.settings.provider == "offline" or (
+        ls.provider is not None and ls.provider.get("provider") == "offline"
+    )
+    if offline:
+        why = (ls.provider or {}).get("provider_reason", "provider is offline")
+        reasons["llm"] = f"no LLM configured: mechanical strategies only ({why})"
+    return reasons
+
+
+# --- memory -------------------------------------------------------------------------------
+
+
+def memory_summary(graph: Any) -> dict[str, Any]:
+    """htam.showMemory: the directions' statistics and the most used transitions."""
+    directions = [{"id": g.id, "name": g.name, **_stats(g.stats)} for g in graph.globals.values()]
+    edges = sorted(graph.edges.values(), key=lambda e: e.stats.weight, reverse=True)[:10]
+    transitions = [{"src": e.src, "dst": e.dst, "prior": e.prior, **_stats(e.stats)} for e in edges]
+    lines = [
+        f"### HTAM memory ({graph.backend})",
+        "",
+        "| direction | attempts | correct | improved | mean reward |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {d['name']} | {d['attempts']} | {d['correct']} | {d['improved']} "
+        f"| {d['mean_reward']:+.3f} |"
+        for d in directions
+    ]
+    return {
+        "markdown": "\n".join(lines) + "\n",
+        "memory": {"backend": graph.backend, "directions": directions, "transitions": transitions},
+    }
+
+
+def _stats(stats: Any) -> dict[str, Any]:
+    return {
+        "attempts": stats.attempts,
+        "correct": stats.correct,
+        "improved": stats.improved,
+        "weight": stats.weight,
+        "mean_reward": stats.mean_reward,
+    }

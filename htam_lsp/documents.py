@@ -1,0 +1,139 @@
+"""Open documents: text, line index and a tree-sitter tree re-parsed incrementally.
+
+The server keeps its own store (rather than pygls's workspace) because an incremental
+re-parse needs the byte offsets of each edit in the text *before* the edit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import PurePosixPath
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import tree_sitter
+import tree_sitter_cuda
+import tree_sitter_python
+
+from htam_lsp.positions import LineIndex, decode, encode
+
+# Above this size a file is not a kernel: no parse, no HTAM features (and no stalls).
+MAX_PARSE_BYTES = 2_000_000
+
+_SUFFIXES = {
+    ".cu": "cuda",
+    ".cuh": "cuda",
+    ".py": "python",
+    ".cpp": "cpp",
+    ".cc": "cpp",
+    ".cxx": "cpp",
+    ".h": "cpp",
+    ".hpp": "cpp",
+}
+_LANGUAGE_IDS = {"cuda": "cuda", "cuda-cpp": "cuda", "python": "python", "cpp": "cpp"}
+
+
+@cache
+def parser_for(language: str) -> tree_sitter.Parser:
+    """A parser for "cuda", "cpp" (parsed with the CUDA grammar, a C++ superset) or "python"."""
+    grammar = tree_sitter_python.language() if language == "python" else tree_sitter_cuda.language()
+    return tree_sitter.Parser(tree_sitter.Language(grammar))
+
+
+def language_of(uri: str, language_id: str) -> str | None:
+    """ "cuda", "cpp", "python" or None (a language HTAM does not read)."""
+    suffix = PurePosixPath(urlparse(uri).path).suffix.lower()
+    return _SUFFIXES.get(suffix) or _LANGUAGE_IDS.get(language_id)
+
+
+def uri_path(uri: str) -> str | None:
+    """The file-system path of a file: URI, else None."""
+    parsed = urlparse(uri)
+    return unquote(parsed.path) if parsed.scheme == "file" else None
+
+
+@dataclass
+class Document:
+    """One open document and its syntax tree (None when HTAM does not parse it)."""
+
+    uri: str
+    language_id: str
+    version: int
+    data: bytes
+    language: str | None = None
+    tree: tree_sitter.Tree | None = None
+    index: LineIndex = field(init=False)
+    cache: dict[str, Any] = field(default_factory=dict)  # derived data of this version
+
+    def __post_init__(self) -> None:
+        self.index = LineIndex(self.data)
+        self.language = language_of(self.uri, self.language_id)
+        self._parse(None)
+
+    @property
+    def text(self) -> str:
+        return decode(self.data)
+
+    @property
+    def too_large(self) -> bool:
+        return len(self.data) > MAX_PARSE_BYTES
+
+    def _parse(self, old: tree_sitter.Tree | None) -> None:
+        self.cache.clear()
+        if self.language is None or self.too_large:
+            self.tree = None
+            return
+        parser = parser_for(self.language)
+        self.tree = parser.parse(self.data, old) if old is not None else parser.parse(self.data)
+
+    def replace(self, text: str, version: int) -> None:
+        """A whole-document change."""
+        self.data, self.version = encode(text), version
+        self.index = LineIndex(self.data)
+        self._parse(None)
+
+    def edit(self, start: tuple[int, int], end: tuple[int, int], text: str, encoding: str) -> None:
+        """An incremental change of the range start..end (LSP line/character) to `text`."""
+        start_byte = self.index.offset(*start, encoding)
+        old_end_byte = max(self.index.offset(*end, encoding), start_byte)
+        new = encode(text)
+        start_point = self.index.point(start_byte)
+        old_end_point = self.index.point(old_end_byte)
+        self.data = self.data[:start_byte] + new + self.data[old_end_byte:]
+        self.index = LineIndex(self.data)
+        new_end_byte = start_byte + len(new)
+        old = self.tree
+        if old is not None and not self.too_large:
+            old.edit(
+                start_byte,
+                old_end_byte,
+                new_end_byte,
+                start_point,
+                old_end_point,
+                self.index.point(new_end_byte),
+            )
+            self._parse(old)
+        else:
+            self._parse(None)
+
+
+class DocumentStore:
+    """The documents the client has open, by URI."""
+
+    def __init__(self) -> None:
+        self._docs: dict[str, Document] = {}
+
+    def open(self, uri: str, language_id: str, version: int, text: str) -> Document:
+        doc = Document(uri, language_id, version, encode(text))
+        self._docs[uri] = doc
+        return doc
+
+    def close(self, uri: str) -> None:
+        self._docs.pop(uri, None)
+
+    def get(self, uri: str) -> Document | None:
+        return self._docs.get(uri)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(list(self._docs.values()))

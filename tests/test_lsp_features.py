@@ -1,0 +1,187 @@
+"""htam-lsp over stdio, as VS Code and as Neovim: symbols, hover, lenses, actions, settings."""
+
+from __future__ import annotations
+
+import pytest
+import pytest_lsp
+from fixtures.lsp.lspkit import (
+    CLIENTS,
+    FIXTURES,
+    find,
+    initialize,
+    open_file,
+    server_config,
+    wait_until,
+)
+from lsprotocol import types as t
+from pytest_lsp import LanguageClient
+
+CU = FIXTURES / "cuda" / "vec_add.cu"
+BOUND = FIXTURES / "cuda" / "scale_bound.cu"
+INLINE = FIXTURES / "python" / "inline_relu.py"
+
+
+@pytest_lsp.fixture(config=server_config(), params=CLIENTS)
+async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest):
+    lsp_client.spec = request.param  # type: ignore[attr-defined]
+    yield lsp_client
+    await lsp_client.shutdown_session()
+
+
+def encoding_of(result: t.InitializeResult) -> str:
+    return str(result.capabilities.position_encoding or "utf-16")
+
+
+async def test_capabilities_and_encoding(client: LanguageClient):
+    result = await initialize(client, client.spec)  # type: ignore[attr-defined]
+    caps = result.capabilities
+    assert caps.text_document_sync.change == t.TextDocumentSyncKind.Incremental  # type: ignore[union-attr]
+    assert isinstance(caps.code_action_provider, t.CodeActionOptions)
+    assert caps.code_action_provider.resolve_provider is True
+    assert "refactor.rewrite.htam" in (caps.code_action_provider.code_action_kinds or [])
+    commands = set(caps.execute_command_provider.commands)  # type: ignore[union-attr]
+    assert {
+        "htam.nextStep",
+        "htam.optimize",
+        "htam.cancel",
+        "htam.explain",
+        "htam.showMemory",
+    } <= commands
+    # Neovim offers utf-8 first; VS Code only speaks utf-16.
+    expected = "utf-8" if client.spec == "neovim" else "utf-16"  # type: ignore[attr-defined]
+    assert encoding_of(result) == expected
+
+
+async def test_symbols_of_embedded_cuda_map_to_file_positions(client: LanguageClient):
+    result = await initialize(client, client.spec)  # type: ignore[attr-defined]
+    uri = open_file(client, INLINE, "python")
+    symbols = await client.text_document_document_symbol_async(
+        t.DocumentSymbolParams(t.TextDocumentIdentifier(uri))
+    )
+    flat = {s.name: s for s in symbols or []}  # type: ignore[union-attr]
+    assert {"relu_kernel", "relu_forward", "load_inline", "ModelNew"} <= set(flat)
+    kernel = flat["relu_kernel"]
+    assert isinstance(kernel, t.DocumentSymbol)
+    assert "__global__" in (kernel.detail or "")
+    # The kernel name follows non-ASCII text on its line: its column depends on the encoding.
+    text = INLINE.read_text(encoding="utf-8")
+    assert kernel.selection_range.start == find(text, "relu_kernel(", encoding_of(result))
+
+
+async def test_hover_before_any_run_shows_memory_directions(client: LanguageClient):
+    await initialize(client, client.spec)  # type: ignore[attr-defined]
+    uri = open_file(client, CU, "cuda")
+    text = CU.read_text(encoding="utf-8")
+    hover = await client.text_document_hover_async(
+        t.HoverParams(t.TextDocumentIdentifier(uri), find(text, "threadIdx", "utf-16"))
+    )
+    assert hover is not None and isinstance(hover.contents, t.MarkupContent)
+    markdown = hover.contents.value
+    assert "vec_add" in markdown
+    assert "No HTAM run yet" in markdown
+    assert "| direction | score | p |" in markdown and "alpha" in markdown
+    outside = await client.text_document_hover_async(
+        t.HoverParams(t.TextDocumentIdentifier(uri), t.Position(0, 0))
+    )
+    assert outside is None
+
+
+async def test_code_lens_over_each_kernel(client: LanguageClient):
+    await initialize(client, client.spec)  # type: ignore[attr-defined]
+    uri = open_file(client, INLINE, "python")
+    lenses = await client.text_document_code_lens_async(
+        t.CodeLensParams(t.TextDocumentIdentifier(uri))
+    )
+    titles = [(lens.command.title, lens.command.command) for lens in lenses or [] if lens.command]
+    assert ("Optimize with HTAM", "htam.nextStep") in titles
+    # relu_kernel (CUDA) and ModelNew each get one; the host launcher does not.
+    assert len([1 for title, _ in titles if title == "Optimize with HTAM"]) == 2
+
+
+async def test_unbound_cu_gets_binding_quickfix_and_static_hints(client: LanguageClient):
+    await initialize(client, client.spec)  # type: ignore[attr-defined]
+    uri = open_file(client, CU, "cuda")
+    await wait_until(lambda: uri in client.diagnostics)
+    codes = {d.code for d in client.diagnostics[uri]}
+    assert {"no_restrict", "no_bounds_check", "unbound"} <= codes
+    actions = await client.text_document_code_action_async(
+        t.CodeActionParams(
+            t.TextDocumentIdentifier(uri),
+            t.Range(t.Position(3, 4), t.Position(3, 4)),
+            t.CodeActionContext(diagnostics=[]),
+        )
+    )
+    fixes = [a for a in actions or [] if isinstance(a, t.CodeAction) and a.kind == "quickfix"]
+    assert len(fixes) == 1
+    edit = fixes[0].edit.changes[uri][0]  # type: ignore[union-attr, index]
+    # The reference is guessed from the sibling vec_add_ref.py; entry is the host launcher.
+    assert edit.new_text == "// htam: reference=vec_add_ref.py entry=vec_add_launch\n"
+    assert edit.range.start == t.Position(0, 0)
+
+
+async def test_bound_cu_has_no_binding_fix_and_no_hints(client: LanguageClient):
+    await initialize(client, client.spec)  # type: ignore[attr-defined]
+    uri = open_file(client, BOUND, "cuda")
+    await wait_until(lambda: uri in client.diagnostics)
+    assert list(client.diagnostics[uri]) == []
+    actions = await client.text_document_code_action_async(
+        t.CodeActionParams(
+            t.TextDocumentIdentifier(uri),
+            t.Range(t.Position(3, 0), t.Position(3, 0)),
+            t.CodeActionContext(diagnostics=[]),
+        )
+    )
+    assert not [a for a in actions or [] if isinstance(a, t.CodeAction) and a.kind == "quickfix"]
+
+
+async def test_execution_refused_without_permission(client: LanguageClient):
+    await initialize(client, client.spec)  # type: ignore[attr-defined]
+    uri = open_file(client, BOUND, "cuda")
+    answer = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams(
+            "htam.nextStep", [{"uri": uri, "position": {"line": 1, "character": 20}}]
+        )
+    )
+    assert answer["state"] == "refused"
+    await wait_until(lambda: any("allowExecution" in m.message for m in client.messages))
+    actions = await client.text_document_code_action_async(
+        t.CodeActionParams(
+            t.TextDocumentIdentifier(uri),
+            t.Range(t.Position(3, 0), t.Position(3, 0)),
+            t.CodeActionContext(diagnostics=[]),
+        )
+    )
+    disabled = [a for a in actions or [] if isinstance(a, t.CodeAction) and a.disabled]
+    if client.spec == "visual-studio-code":  # type: ignore[attr-defined]
+        assert any("not allowed" in a.disabled.reason for a in disabled)  # type: ignore[union-attr]
+    else:  # Neovim 0.11 does not support disabled actions: none are sent
+        assert disabled == []
+    assert not any(a.command for a in actions or [] if isinstance(a, t.CodeAction))
+
+
+async def test_workspace_settings_cannot_grant_execution(client: LanguageClient):
+    client.set_configuration(
+        {"allowExecution": True, "steps": 0, "provider": "offline"}, section="htam"
+    )
+    await initialize(client, client.spec)  # type: ignore[attr-defined]
+    uri = open_file(client, BOUND, "cuda")
+    # A bad value is reported; allowExecution from workspace settings is ignored.
+    await wait_until(lambda: any("htam.steps" in m.message for m in client.messages))
+    answer = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.nextStep", [{"uri": uri}])
+    )
+    assert answer["state"] == "refused"
+
+
+async def test_explain_and_show_memory_commands(client: LanguageClient):
+    await initialize(client, client.spec)  # type: ignore[attr-defined]
+    uri = open_file(client, BOUND, "cuda")
+    explained = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.explain", [{"uri": uri}])
+    )
+    assert "scale" in explained["markdown"]
+    memory = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.showMemory", [{"backend": "cpu"}])
+    )
+    assert memory["memory"]["backend"] == "cpu"
+    assert memory["memory"]["directions"] and "| direction |" in memory["markdown"]
