@@ -21,7 +21,7 @@ from typing import Any
 
 from htam_engine import parsing
 from htam_engine.evaluate import Verdict, evaluate
-from htam_engine.llm import Provider, count_tokens, extract_code, generation_prompt
+from htam_engine.llm import LLMError, Provider, count_tokens, extract_code, generation_prompt
 from htam_engine.memory import START, Graph, MemoryStore, Outcome
 from htam_engine.policy import (
     EvidenceLocalSelector,
@@ -173,7 +173,11 @@ class Optimizer:
             if self.cancel.is_set():
                 self.result.stopped = "cancelled"
                 break
-            record = self._step(step)
+            try:
+                record = self._step(step)
+            except LLMError as error:  # not the strategy's fault: learn nothing, stop
+                self.result.stopped = f"LLM failed: {error}"
+                break
             if record is None:
                 self.result.stopped = "no applicable strategy"
                 break

@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from htam_engine.llm import make_provider
+    from htam_engine.llm import LLMError, make_provider
     from htam_engine.loop import LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
     from htam_engine.report import write_outputs
@@ -61,13 +61,16 @@ def run(args: argparse.Namespace) -> int:
             f"{args.task} has no implementation to start from: write a ModelNew "
             "(see examples/) or pass --start FILE"
         )
-    provider, why = make_provider(
-        args.provider,
-        model=args.model,
-        base_url=args.base_url,
-        cassette=args.cassette,
-        record=args.record,
-    )
+    try:
+        provider, why = make_provider(
+            args.provider,
+            model=args.model,
+            base_url=args.base_url,
+            cassette=args.cassette,
+            record=args.record,
+        )
+    except LLMError as error:
+        raise UserError(str(error)) from None
     console = Console(stderr=True, quiet=args.json or args.events)
     console.print(f"[bold]provider:[/] {why}")
     display = _Display(console, args.events, args.steps)

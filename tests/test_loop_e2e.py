@@ -1,0 +1,146 @@
+"""`htam optimize` end to end on the CPU: real compiles, real verdicts, real memory updates.
+
+Three runs: offline (mechanical strategies only); an OpenAI-compatible run against the
+local API server of the tests, recorded to a cassette; and a replay of that cassette,
+which must take the same decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llm_api_server import Reply, Request, ScriptedAPIServer
+
+from htam_engine.memory import load_seed
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+LLM_ANSWER = Path(__file__).parent / "fixtures" / "loop" / "softmax_llm_answer.py"
+CPU_GRAPH = load_seed("cpu")
+
+
+@pytest.fixture
+def task(tmp_path: Path) -> Path:
+    folder = tmp_path / "softmax"
+    shutil.copytree(ROOT / "examples" / "softmax", folder)
+    return folder / "cpu_naive.py"
+
+
+def htam(home: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "htam_engine.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "HTAM_HOME": str(home), **(env or {})},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def attempts(home: Path) -> dict[str, int]:
+    memory = htam(home, "memory", "show", "--backend", "cpu", "--json")
+    return {n["id"]: n["stats"]["attempts"] for n in memory["local_nodes"]}
+
+
+def test_offline_run_learns_from_real_outcomes(task: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    result = htam(
+        home,
+        "optimize",
+        str(task),
+        "--provider",
+        "offline",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--json",
+        "--output",
+        str(tmp_path / "out"),
+    )
+    assert result["correct"] is True
+    assert result["steps"], result["stopped"]
+    for step in result["steps"]:
+        assert CPU_GRAPH.locals[step["local"]].mechanical, "offline must use mechanical rewrites"
+        assert step["verdict"]["compiled"] is True
+    learned = attempts(home)
+    for step in result["steps"]:
+        assert learned[step["local"]] >= 1
+    assert sum(learned.values()) == len(result["steps"])
+    out = Path(result["output_dir"])
+    assert (out / "report.md").read_text().count("\n| ") == len(result["steps"]) + 2  # header, rule, rows
+    assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+    assert "ModelNew" in (out / "best.py").read_text()
+
+
+class KernelEngineerServer(ScriptedAPIServer):
+    """Answers local-selection prompts with a strategy that needs an LLM, and generation
+    prompts with a real, better softmax implementation."""
+
+    def _next(self, request: Request) -> Reply:
+        prompt = request.body["messages"][-1]["content"]
+        if '{"local"' in prompt:
+            offered = [line[4:].strip() for line in prompt.splitlines() if line.startswith("### ")]
+            llm_only = [
+                i for i in offered if i in CPU_GRAPH.locals and not CPU_GRAPH.locals[i].mechanical
+            ]
+            choice = (llm_only or offered)[0]
+            return Reply(text=f'Sure. {{"local": "{choice}", "reason": "fuse the passes"}} Done.')
+        return Reply(text=f"Here it is:\n```python\n{LLM_ANSWER.read_text()}```\nEnjoy.")
+
+
+def test_llm_run_records_and_replays(task: Path, tmp_path: Path) -> None:
+    home, cassette = tmp_path / "home", tmp_path / "run.jsonl"
+    common = ["--device", "cpu", "--steps", "2", "--seed", "7", "--json"]
+    with KernelEngineerServer() as server:
+        recorded = htam(
+            home,
+            "optimize",
+            str(task),
+            "--provider",
+            "openai",
+            "--base-url",
+            f"{server.url}/v1",
+            "--record",
+            str(cassette),
+            "--output",
+            str(tmp_path / "rec"),
+            *common,
+            env={"OPENAI_API_KEY": "sk-test-secret-key"},
+        )
+    assert recorded["correct"] is True
+    assert "sk-test-secret-key" not in cassette.read_text()
+    generated = [s for s in recorded["steps"] if not CPU_GRAPH.locals[s["local"]].mechanical]
+    assert generated, "the LLM chose no LLM-written strategy"
+    assert all(s["verdict"]["correct"] for s in generated)
+    for step in recorded["steps"]:
+        assert attempts(home)[step["local"]] >= 1
+
+    # A fresh memory with the recorded verdicts cached: the same seed must retrace the run.
+    replay_home = tmp_path / "replay-home"
+    shutil.copytree(home / "eval-cache", replay_home / "eval-cache")
+    replayed = htam(
+        replay_home,
+        "optimize",
+        str(task),
+        "--provider",
+        "replay",
+        "--cassette",
+        str(cassette),
+        "--output",
+        str(tmp_path / "rep"),
+        *common,
+    )
+    pairs = [(s["global"], s["local"], s["status"]) for s in recorded["steps"]]
+    assert [(s["global"], s["local"], s["status"]) for s in replayed["steps"]] == pairs
+    assert all(s["verdict"]["cached"] for s in replayed["steps"])
+    assert attempts(replay_home) == attempts(home)
