@@ -34,7 +34,8 @@ import math
 import random
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from htam_engine.memory import START, Graph, Outcome, load_seed
 from htam_engine.policy import (
     EvidenceLocalSelector,
     PolicyConfig,
+    local_select,
     prefix_weights,
     reward,
     select_global,
@@ -68,6 +70,11 @@ STRATEGY_MEAN = 0.05
 IMPROVE_MARGIN = 1.02  # the loop's LoopConfig.improve_margin
 EARLY_TASKS = 20  # transfer matters most before the cold memory has learned anything
 THRESHOLD = 1.5  # "steps to reach": best speedup over the start >= this, fixed a priori
+TRANSFER_ARMS = ("htam", "flat", "greedy")
+SHARED_FAMILY_SD = 0.05  # transfer is also measured where families share more structure
+# Diagnostic arm: HTAM whose local ranking drops the bonus for mechanical strategies
+# (every strategy is implementable here, as with an LLM); see README "Findings".
+DIAGNOSTIC = "htam_no_mech_bonus"
 Z95 = 1.96
 
 
@@ -251,10 +258,23 @@ def _feedback_tag(status: str) -> str:
     return {"not_improved": "slower"}.get(status, status)
 
 
+@contextmanager
+def _no_mechanical_bonus() -> Iterator[None]:
+    saved = local_select.MECHANICAL_BONUS
+    local_select.MECHANICAL_BONUS = 0.0
+    try:
+        yield
+    finally:
+        local_select.MECHANICAL_BONUS = saved
+
+
 def run_arm(
     arm: str, world: World, tasks: Sequence[SimTask], steps: int, seed: int, graph: Graph | None
 ) -> tuple[list[TaskResult], Graph]:
     """Every task in order with one memory that persists across them (online)."""
+    if arm == DIAGNOSTIC:
+        with _no_mechanical_bonus():
+            return run_arm("htam", world, tasks, steps, seed, graph)
     graph = graph or load_seed(world.config.backend)
     results = [
         run_task(arm, graph, world, task, steps, random.Random(f"policy:{seed}:{task.seed}"))
@@ -298,7 +318,7 @@ def paired(a: Sequence[TaskResult], b: Sequence[TaskResult]) -> dict[str, float]
 
 
 def compare_arms(world: World, tasks: Sequence[SimTask], steps: int, seed: int) -> dict[str, Any]:
-    per_arm = {arm: run_arm(arm, world, tasks, steps, seed, None)[0] for arm in ARMS}
+    per_arm = {arm: run_arm(arm, world, tasks, steps, seed, None)[0] for arm in (*ARMS, DIAGNOSTIC)}
     return {
         "arms": {arm: summarize(res, steps) for arm, res in per_arm.items()},
         "htam_minus": {arm: paired(per_arm["htam"], res) for arm, res in per_arm.items()},
@@ -343,9 +363,27 @@ def sweep(
     return out
 
 
+def robustness(config: EnvConfig, world_seeds: Sequence[int], n: int, steps: int) -> dict[str, Any]:
+    """HTAM against flat retrieval in other hidden worlds (one world is one draw)."""
+    out = {}
+    for ws in world_seeds:
+        world = make_world(config, ws)
+        tasks = make_tasks(world, range(config.n_families), [ws * 100_000 + i for i in range(n)])
+        per = {
+            a: run_arm(a, world, tasks, steps, ws, None)[0] for a in ("htam", "flat", DIAGNOSTIC)
+        }
+        out[str(ws)] = {
+            **{a: mean_ci([r.best_log for r in res]) for a, res in per.items()},
+            "htam_minus_flat": paired(per["htam"], per["flat"]),
+            "diagnostic_minus_flat": paired(per[DIAGNOSTIC], per["flat"]),
+        }
+    return out
+
+
 def run(quick: bool, seed: int, backends: Sequence[str], steps: int = 6) -> dict[str, Any]:
     n = 60 if quick else 240
     strengths = (0.0, 0.3, 1.0) if quick else (0.0, 0.15, 0.3, 0.6, 1.0)
+    world_seeds = range(seed + 1, seed + (3 if quick else 6))
     out: dict[str, Any] = {"seed": seed, "tasks": n, "steps": steps, "backends": {}}
     for backend in backends:
         config = EnvConfig(backend=backend)
@@ -355,8 +393,14 @@ def run(quick: bool, seed: int, backends: Sequence[str], steps: int = 6) -> dict
             "env": config.__dict__,
             "hidden_predecessor": world.predecessor,
             "comparison": compare_arms(world, tasks, steps, seed),
-            "transfer": transfer(world, n, steps, seed, ("htam", "flat", "greedy")),
+            "transfer": {
+                str(sd): transfer(
+                    make_world(replace(config, family_sd=sd), seed), n, steps, seed, TRANSFER_ARMS
+                )
+                for sd in sorted({SHARED_FAMILY_SD, config.family_sd})
+            },
             "transition_sweep": sweep(config, strengths, n, steps, seed),
+            "other_worlds": robustness(config, world_seeds, n, steps),
         }
     out["markdown"] = markdown(out)
     return out
@@ -367,6 +411,17 @@ def run(quick: bool, seed: int, backends: Sequence[str], steps: int = 6) -> dict
 
 def _ci(d: dict[str, float], fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(d['mean'])} [{fmt.format(d['lo'])}, {fmt.format(d['hi'])}]"
+
+
+def verdict(diff: dict[str, float]) -> str:
+    """One honest sentence on HTAM against flat retrieval, from the paired interval."""
+    if diff["lo"] > 0:
+        word = "beats"
+    elif diff["hi"] < 0:
+        word = "does NOT beat (is worse than)"
+    else:
+        word = "does NOT clearly beat (interval includes 0)"
+    return f"HTAM {word} flat retrieval here: paired difference {_ci(diff)} in log speedup."
 
 
 def markdown(out: dict[str, Any]) -> str:
@@ -393,16 +448,25 @@ def markdown(out: dict[str, Any]) -> str:
             )
         lines += [
             "",
-            "Transfer (best log speedup on held-out families; warm = learned on the others):",
-            "",
-            f"| arm | cold | warm | warm - cold | warm - cold, first {EARLY_TASKS} tasks |",
-            "| --- | --- | --- | --- | --- |",
+            verdict(cmp["htam_minus"]["flat"]),
+            f"({DIAGNOSTIC} is a diagnostic, not an arm: EvidenceLocalSelector without its "
+            "bonus for mechanical strategies.)",
         ]
-        for arm, t in res["transfer"].items():
-            lines.append(
-                f"| {arm} | {_ci(t['cold'])} | {_ci(t['warm'])} | {_ci(t['warm_minus_cold'])} | "
-                f"{_ci(t['warm_minus_cold_early'])} |"
-            )
+        lines += [
+            "",
+            "Transfer (best log speedup on held-out families; warm = learned on the others;"
+            " family sd = how much families differ):",
+            "",
+            "| family sd | arm | cold | warm | warm - cold | "
+            f"warm - cold, first {EARLY_TASKS} tasks |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for sd, arms in res["transfer"].items():
+            for arm, t in arms.items():
+                lines.append(
+                    f"| {sd} | {arm} | {_ci(t['cold'])} | {_ci(t['warm'])} | "
+                    f"{_ci(t['warm_minus_cold'])} | {_ci(t['warm_minus_cold_early'])} |"
+                )
         lines += [
             "",
             "Hidden transition strength sweep (best log speedup):",
@@ -414,6 +478,18 @@ def markdown(out: dict[str, Any]) -> str:
             lines.append(
                 f"| {s} | {_ci(row['htam'])} | {_ci(row['no_transitions'])} | "
                 f"{_ci(row['flat'])} | {_ci(row['htam_minus_flat'])} |"
+            )
+        lines += [
+            "",
+            "Other hidden worlds (same settings, other world seeds):",
+            "",
+            f"| world seed | htam | flat | htam - flat | {DIAGNOSTIC} - flat |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for ws, row in res["other_worlds"].items():
+            lines.append(
+                f"| {ws} | {_ci(row['htam'])} | {_ci(row['flat'])} | "
+                f"{_ci(row['htam_minus_flat'])} | {_ci(row['diagnostic_minus_flat'])} |"
             )
     return "\n".join(lines)
 
