@@ -32,7 +32,9 @@ PHASES = ("compile", "verify", "time")
 TIMEOUT_S = 900
 
 
-def run_example(path: Path, steps: int, device: str, seed: int, home: Path) -> dict[str, Any]:
+def run_example(
+    path: Path, steps: int, device: str, seed: int, home: Path, timeout_s: float = TIMEOUT_S
+) -> dict[str, Any]:
     """One `htam optimize` run; a failed run is recorded with its error, never raised."""
     command = [
         sys.executable, "-m", "htam_engine.cli", "optimize", str(path),
@@ -45,16 +47,20 @@ def run_example(path: Path, steps: int, device: str, seed: int, home: Path) -> d
             command,
             capture_output=True,
             text=True,
-            timeout=TIMEOUT_S,
+            timeout=timeout_s,
             env={**os.environ, "HTAM_HOME": str(home)},
             cwd=ROOT,
         )
     except subprocess.TimeoutExpired:
-        return {"example": path.parent.name, "error": f"timed out after {TIMEOUT_S} s"}
+        return {"example": path.parent.name, "error": f"timed out after {timeout_s:.0f} s"}
     wall = time.monotonic() - started
     if done.returncode != 0:
         return {"example": path.parent.name, "error": done.stderr.strip()[-600:]}
-    return {"example": path.parent.name, "wall_s": wall, **summarize_run(json.loads(done.stdout))}
+    try:
+        result = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return {"example": path.parent.name, "error": f"no JSON result: {done.stdout[-300:]}"}
+    return {"example": path.parent.name, "wall_s": wall, **summarize_run(result)}
 
 
 def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
