@@ -9,10 +9,9 @@ times only the build-and-load call, not the torch import:
   dir) and warm (same dir: the library is reused by content hash);
 - `load_inline` before: plain `load_inline` (C++ with torch headers) in a fresh
   extensions dir, which every evaluation paid (each worker has its own dir);
-- `load_inline` after: through the evaluator's `common.share_inline_builds` (torch's
-  precompiled header plus a build dir keyed by the hash of the arguments): a source
-  never seen (cold) and the same source again from a new process (warm). The header
-  itself is built once per torch installation (measured here: ~150 s).
+- `load_inline` after: through the evaluator's `common.share_inline_builds` (a build
+  dir keyed by the hash of the arguments): a source never seen (cold) and the same
+  source again from a new process (warm).
 """
 
 from __future__ import annotations

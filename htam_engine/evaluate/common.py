@@ -81,9 +81,7 @@ def changed_attributes(guarded: list[tuple[str, Any, str, Any]]) -> list[str]:
 
 def share_inline_builds() -> None:
     """Make `load_inline` build into a directory keyed by the hash of its arguments, so an
-    identical extension is compiled once per machine, whichever worker asks for it; C++
-    only builds use torch's precompiled header (a new source: ~25 s instead of ~120 s
-    here, see benchmarks/bench_compile.py)."""
+    identical extension is compiled once per machine, whichever worker asks for it."""
     original = cpp_extension.load_inline
 
     @functools.wraps(original)
@@ -95,8 +93,6 @@ def share_inline_builds() -> None:
             folder = subdir("torch-extensions") / f"{name}-{key}"
             folder.mkdir(parents=True, exist_ok=True)
             kwargs["build_directory"] = str(folder)
-        if not kwargs.get("cuda_sources"):
-            kwargs.setdefault("use_pch", True)
         return original(name, *args, **kwargs)
 
     cpp_extension.load_inline = load_inline
