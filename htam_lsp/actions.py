@@ -217,7 +217,7 @@ def binding_action(ls: Any, doc: Document, unit: Unit) -> t.CodeAction:
 
 
 def suggestion_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]:
-    """One action per verified candidate strategy; the fastest one preferred."""
+    """One action per verified candidate strategy; the fastest preferred if it is faster."""
     graph = ls.graph(insight.backend(doc))
     current = sg.text_hash(doc.data)
     offered = sg.suggestions(ls.records.get(doc.uri, unit.name), current)
@@ -232,7 +232,7 @@ def suggestion_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]
         action = t.CodeAction(
             title=render.action_title(graph, s.global_id, s.local_id, s.speedup, s.inputs),
             kind=f"{ACTION_KIND}.{s.local_id}",
-            is_preferred=rank == 0,
+            is_preferred=rank == 0 and (s.speedup or 0.0) > 1.0,
             data=data,
         )
         if tags and node is not None and not node.mechanical:

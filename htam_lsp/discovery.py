@@ -79,12 +79,14 @@ def units(doc: Document) -> list[Unit]:
 
 
 def unit_at(doc: Document, offset: int) -> Unit | None:
-    """The innermost kernel unit around a byte offset; else the document's only kernel."""
+    """The innermost kernel unit around a byte offset; else the document's model class,
+    else its first kernel (commands sent without a position act on the whole task)."""
     kernels = [u for u in units(doc) if u.is_kernel]
     around = [u for u in kernels if u.start_byte <= offset <= u.end_byte]
     if around:
         return min(around, key=lambda u: u.end_byte - u.start_byte)
-    return kernels[0] if len(kernels) == 1 else None
+    models = [u for u in kernels if u.kind == "model"]
+    return (models or kernels or [None])[0]
 
 
 def _discover(doc: Document) -> list[Unit]:

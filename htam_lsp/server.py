@@ -557,7 +557,8 @@ def on_event(ls: HtamServer, job: Job, event: dict[str, Any], *, start_hash: str
 def _on_phase(ls: HtamServer, job: Job, event: dict[str, Any]) -> None:
     job.step, job.phase = int(event.get("step") or 0), str(event.get("phase", ""))
     move = f"{event.get('global', '')} -> {event.get('local', '')}".strip(" ->")
-    job.message = f"step {job.step}/{job.steps}: {job.phase} {move}".strip()
+    where = f"step {job.step}/{job.steps}" if job.step else "measuring the starting code"
+    job.message = f"{where}: {job.phase} {move}".strip()
     if job.token in ls.work_done_progress.tokens:
         done = PHASES.index(job.phase) if job.phase in PHASES else 0
         percentage = int(100 * (max(job.step - 1, 0) + done / len(PHASES)) / job.steps)

@@ -1,0 +1,155 @@
+"""End to end: a real server runs a real `htam optimize` step (offline, CPU) for the editor.
+
+nextStep -> progress -> code action with a measured speedup -> resolve (and stale
+refusal) -> apply -> hover shows the rationale; and a cancelled step leaves no worker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_lsp
+from fixtures.lsp.lspkit import (
+    CLIENTS,
+    REPO,
+    apply_edits,
+    find,
+    initialize,
+    open_file,
+    server_config,
+    wait_until,
+)
+from lsprotocol import types as t
+from pygls.exceptions import JsonRpcException
+from pytest_lsp import LanguageClient
+
+pytestmark = pytest.mark.slow
+EXAMPLE = REPO / "examples" / "softmax"
+OPTIONS = {"allowExecution": True, "provider": "offline", "device": "cpu", "steps": 3}
+TERMINAL = {"done", "failed", "cancelled", "refused"}
+
+
+@pytest_lsp.fixture(config=server_config(), params=CLIENTS)
+async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest):
+    states: list[dict[str, Any]] = []
+    lsp_client.feature("htam/jobState")(lambda params: states.append(_plain(params)))
+    lsp_client.feature(t.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
+    lsp_client.spec = request.param  # type: ignore[attr-defined]
+    lsp_client.states = states  # type: ignore[attr-defined]
+    yield lsp_client
+    await lsp_client.shutdown_session()
+
+
+def _plain(params: Any) -> dict[str, Any]:
+    """pygls hands custom notifications over as namedtuples."""
+    return dict(params) if isinstance(params, dict) else dict(params._asdict())
+
+
+@pytest.fixture
+def task(tmp_path: Path) -> Path:
+    """A private copy of the softmax CPU example (records are keyed by the file's URI)."""
+    for name in ("cpu_naive.py", "reference.py"):
+        shutil.copy(EXAMPLE / name, tmp_path / name)
+    return tmp_path / "cpu_naive.py"
+
+
+def _final(client: Any, job_id: str) -> dict[str, Any] | None:
+    return next(
+        (s for s in reversed(client.states) if s["jobId"] == job_id and s["state"] in TERMINAL),
+        None,
+    )
+
+
+async def test_next_step_offers_measured_candidate(client: LanguageClient, task: Path):
+    result = await initialize(client, client.spec, OPTIONS)  # type: ignore[attr-defined]
+    encoding = str(result.capabilities.position_encoding or "utf-16")
+    text = task.read_text(encoding="utf-8")
+    uri = open_file(client, task, "python")
+    where = find(text, "ModelNew", encoding)
+    answer = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.nextStep", [{"uri": uri, "position": _json(where)}])
+    )
+    job_id = answer["jobId"]
+    final = await wait_until(lambda: _final(client, job_id), timeout=400)
+    assert final["state"] == "done", final["message"]
+    reports = client.progress_reports[f"{job_id}-progress"]
+    assert isinstance(reports[0], t.WorkDoneProgressBegin) and reports[0].cancellable
+    assert isinstance(reports[-1], t.WorkDoneProgressEnd)
+
+    actions = await _actions(client, uri, where)
+    offered = [a for a in actions if (a.kind or "").startswith("refactor.rewrite.htam.")]
+    assert offered, [a.title for a in actions]
+    assert "x measured, correct on 3 inputs" in offered[0].title
+    assert offered[0].edit is None  # both clients resolve the edit lazily
+
+    # A change to the document makes the offered action stale.
+    client.text_document_did_change(
+        t.DidChangeTextDocumentParams(
+            t.VersionedTextDocumentIdentifier(version=2, uri=uri),
+            [t.TextDocumentContentChangeWholeDocument(text)],
+        )
+    )
+    with pytest.raises(JsonRpcException, match="version"):
+        await client.code_action_resolve_async(offered[0])
+
+    fresh = [a for a in await _actions(client, uri, where) if a.title == offered[0].title]
+    resolved = await client.code_action_resolve_async(fresh[0])
+    edits = resolved.edit.changes[uri]  # type: ignore[union-attr, index]
+    applied = apply_edits(text, list(edits), encoding)
+    assert applied != text and "ModelNew" in applied
+    client.text_document_did_change(
+        t.DidChangeTextDocumentParams(
+            t.VersionedTextDocumentIdentifier(version=3, uri=uri),
+            [t.TextDocumentContentChangeWholeDocument(applied)],
+        )
+    )
+    hover = await client.text_document_hover_async(
+        t.HoverParams(t.TextDocumentIdentifier(uri), find(applied, "ModelNew", encoding))
+    )
+    assert hover is not None and isinstance(hover.contents, t.MarkupContent)
+    markdown = hover.contents.value
+    assert "(chosen)" in markdown and "Transition evidence" in markdown
+    assert "Measured history" in markdown and "Strategy:" in markdown
+
+
+async def test_cancel_kills_the_worker(client: LanguageClient, task: Path):
+    await initialize(client, client.spec, OPTIONS)  # type: ignore[attr-defined]
+    uri = open_file(client, task, "python")
+    answer = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.optimize", [{"uri": uri, "steps": 3}])
+    )
+    job_id = answer["jobId"]
+    running = await wait_until(
+        lambda: next((s for s in client.states if s["jobId"] == job_id and s["pid"]), None)
+    )
+    pid = running["pid"]
+    os.killpg(pid, 0)  # the worker's process group is alive
+    if client.spec == "visual-studio-code":  # type: ignore[attr-defined]
+        client.window_work_done_progress_cancel(
+            t.WorkDoneProgressCancelParams(f"{job_id}-progress")
+        )
+    else:
+        await client.workspace_execute_command_async(
+            t.ExecuteCommandParams("htam.cancel", [{"jobId": job_id}])
+        )
+    final = await wait_until(lambda: _final(client, job_id), timeout=30)
+    assert final["state"] == "cancelled"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+
+
+def _json(position: t.Position) -> dict[str, int]:
+    return {"line": position.line, "character": position.character}
+
+
+async def _actions(client: LanguageClient, uri: str, where: t.Position) -> list[t.CodeAction]:
+    found = await client.text_document_code_action_async(
+        t.CodeActionParams(
+            t.TextDocumentIdentifier(uri), t.Range(where, where), t.CodeActionContext([])
+        )
+    )
+    return [a for a in found or [] if isinstance(a, t.CodeAction)]
