@@ -85,8 +85,8 @@ def unit_at(doc: Document, offset: int) -> Unit | None:
     around = [u for u in kernels if u.start_byte <= offset <= u.end_byte]
     if around:
         return min(around, key=lambda u: u.end_byte - u.start_byte)
-    models = [u for u in kernels if u.kind == "model"]
-    return (models or kernels or [None])[0]
+    candidates = [u for u in kernels if u.kind == "model"] or kernels
+    return candidates[0] if candidates else None
 
 
 def _discover(doc: Document) -> list[Unit]:
