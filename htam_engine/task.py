@@ -129,13 +129,21 @@ def load_task(path: str | Path) -> Task:
                 "entry=FUNCTION` or an htam.toml [[kernel]] entry"
             )
         _check_reference(impl, source)
-        return Task(impl.stem, impl, source, None, None, "py", None, "cpu")
+        return Task(task_name(impl), impl, source, None, None, "py", None, "cpu")
     reference = Path(binding["reference"])
     ref_source = _read(reference, "reference")
     _check_reference(reference, ref_source)
     entry = binding.get("entry") or None
     if kind == "cu" and not entry:
         raise TaskError(f"{impl}: a .cu binding needs entry=FUNCTION (the host function)")
-    return Task(
-        impl.stem, reference, ref_source, impl, source, kind, entry, guess_backend(kind, source)
-    )
+    backend = guess_backend(kind, source)
+    return Task(task_name(reference), reference, ref_source, impl, source, kind, entry, backend)
+
+
+GENERIC_STEMS = {"reference", "ref", "model", "task", "problem"}
+
+
+def task_name(reference: Path) -> str:
+    """The operator's name: the reference's stem, or its folder's for generic stems."""
+    stem = reference.stem
+    return reference.resolve().parent.name if stem.lower() in GENERIC_STEMS else stem

@@ -25,7 +25,11 @@ def test_python_directive_binds_reference():
 def test_reference_alone_is_a_task_without_implementation():
     task = load_task(FIXTURES / "reference.py")
     assert task.impl_path is None and task.impl_source is None
-    assert task.name == "reference"
+    assert task.name == FIXTURES.name  # a generic reference stem names the folder instead
+
+
+def test_task_is_named_after_its_reference():
+    assert load_task(FIXTURES / "correct.py").name == FIXTURES.name
 
 
 def test_cu_directive_with_entry(tmp_path):
