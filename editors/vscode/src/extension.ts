@@ -39,7 +39,7 @@ import {
   parseJobState,
   progressMessage,
 } from "./jobs";
-import { MarkdownViews } from "./markdownViews";
+import { MarkdownView } from "./markdownView";
 import { JobProgress } from "./progress";
 
 const DOCUMENTS = [
@@ -82,7 +82,7 @@ class Htam implements vscode.Disposable {
   private readonly tracker = new JobTracker();
   private readonly progress = new JobProgress();
   private readonly status = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Left, 50);
-  private readonly views = new MarkdownViews();
+  private readonly view = new MarkdownView();
 
   constructor(
     private readonly context: vscode.ExtensionContext,
@@ -103,11 +103,11 @@ class Htam implements vscode.Disposable {
     await this.stopClient();
     this.unavailable?.dispose();
     this.status.dispose();
-    this.views.dispose();
+    this.view.dispose();
   }
 
-  viewsProvider(): vscode.Disposable {
-    return vscode.workspace.registerTextDocumentContentProvider(MarkdownViews.scheme, this.views);
+  viewProvider(): vscode.Disposable {
+    return vscode.workspace.registerTextDocumentContentProvider(MarkdownView.scheme, this.view);
   }
 
   /** Restarts when the effective htam.interpreter changed (trust changes it too). */
@@ -327,7 +327,7 @@ class Htam implements vscode.Disposable {
     const result = await next(command, full);
     const markdown = markdownOf(result);
     if (isInteractive(args) && markdown !== undefined) {
-      await this.views.show(command === "htam.explain" ? "Explain" : "Memory", markdown);
+      await this.view.show(markdown);
     }
     return result;
   }
@@ -386,7 +386,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   htam = instance;
   context.subscriptions.push(
     log,
-    instance.viewsProvider(),
+    instance.viewProvider(),
     vscode.commands.registerCommand("htam.restartServer", () => instance.restart("restart requested")),
     vscode.commands.registerCommand("htam.setApiKey", () => instance.setApiKey()),
     vscode.commands.registerCommand("htam.optimizeN", () => instance.optimizeN()),
