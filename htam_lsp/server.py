@@ -79,14 +79,15 @@ def guarded(default: Any = None) -> Callable[[F], F]:
 class HtamServer(LanguageServer):
     """The server's state: documents, settings, jobs, and the memory-backed records."""
 
-    def __init__(self) -> None:
+    def __init__(self, home: Path | None = None) -> None:
+        """`home`: the memory store's directory (None: the shared HTAM home)."""
         super().__init__(
             "htam-lsp", __version__, text_document_sync_kind=t.TextDocumentSyncKind.Incremental
         )
         self.docs = DocumentStore()
         self.settings = Settings()
         self.jobs: dict[str, Job] = {}
-        self.records = sg.SuggestionStore()
+        self.records = sg.SuggestionStore(home)
         self.provider: dict[str, Any] | None = None  # the last worker's "start" event
         self.compile_errors: dict[str, tuple[str, int, str]] = {}  # uri -> (source, line, msg)
         self._graphs: dict[str, Any] = {}
@@ -513,8 +514,8 @@ def _finish(job: Job, code: int, tail: str) -> None:
         job.state = "done"
     else:
         job.state = "failed"
-        last = tail.strip().splitlines()[-1] if tail.strip() else f"exit code {code}"
-        job.message = f"htam optimize failed: {last}"
+        last = tail.strip().splitlines()[-1] if tail.strip() else "no error output"
+        job.message = f"htam optimize failed (exit code {code}): {last}"
 
 
 async def _begin_progress(ls: HtamServer, job: Job) -> bool:

@@ -13,6 +13,7 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from htam_engine.memory import MemoryStore
@@ -132,7 +133,8 @@ class SuggestionStore:
     event loop must not.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, home: Path | None = None) -> None:
+        self._home = home  # None: the shared HTAM home
         self._reader: MemoryStore | None = None
         self._writer: MemoryStore | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="htam-store")
@@ -142,7 +144,7 @@ class SuggestionStore:
     def store(self) -> MemoryStore:
         """The reading `MemoryStore`, opened on first use (keeps start-up light)."""
         if self._reader is None:
-            self._reader = MemoryStore()
+            self._reader = MemoryStore(self._home)
         return self._reader
 
     def get(self, uri: str, kernel: str) -> dict[str, Any] | None:
@@ -159,7 +161,7 @@ class SuggestionStore:
 
     def _write(self, key: str, record: dict[str, Any]) -> None:
         if self._writer is None:
-            self._writer = MemoryStore()
+            self._writer = MemoryStore(self._home)
         try:
             self._writer.put(NAMESPACE, key, record)
         except Exception:
