@@ -39,6 +39,8 @@ from htam_engine.task import Task
 
 Emit = Callable[[dict[str, Any]], None]
 TRAJECTORIES = "trajectories"
+# Verdicts that say nothing about a strategy: learning from them would only add noise.
+UNRUNNABLE = {"no_gpu", "cancelled"}
 
 
 @dataclass
@@ -167,6 +169,9 @@ class Optimizer:
     def run(self) -> RunResult:
         start = self._evaluate(0, self.result.best_source)
         self.result.start_verdict = start.to_json()
+        if start.error and start.error.kind in UNRUNNABLE:
+            self.result.stopped = f"cannot run the starting implementation: {start.error.message}"
+            return self.result
         if start.correct and start.speedup:
             self.result.start_ref_speedup = self.result.best_ref_speedup = start.speedup
         for step in range(1, self.config.steps + 1):

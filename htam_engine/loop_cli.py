@@ -105,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
         console.quiet = False
         console.print(_final_table(summary))
         console.print(f"results in [bold]{result.output_dir}[/]")
-    return 130 if result.stopped == "interrupted" else 0
+    if result.stopped == "interrupted":
+        return 130
+    return 0 if result.correct else 1
 
 
 def _run_interruptibly(optimizer: Any, console: Console) -> Any:
