@@ -92,7 +92,7 @@ def _setup_problem() -> str | None:
 def test_extension_typechecks_and_unit_tests_pass() -> None:
     if not (EXTENSION / "node_modules").is_dir():
         pytest.skip(f"the extension's npm packages are not installed: run `{SETUP}`")
-    for script in ("typecheck", "test"):
+    for script in ("typecheck", "lint", "test"):
         done = subprocess.run(
             ["npm", "run", "--silent", script],
             cwd=EXTENSION,

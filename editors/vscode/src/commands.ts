@@ -34,7 +34,11 @@ function kernelArgument(context: EditorContext): Record<string, unknown> {
  * unchanged; a call without arguments comes from the palette or a key binding and is
  * completed from the active editor.
  */
-export function commandArguments(command: string, args: unknown[], context: EditorContext): unknown[] {
+export function commandArguments(
+  command: string,
+  args: unknown[],
+  context: EditorContext,
+): unknown[] {
   if (args.length > 0) {
     return args;
   }
@@ -66,6 +70,17 @@ export function stepsInputError(value: string): string | undefined {
   }
   const steps = Number(trimmed);
   return steps >= 1 && steps <= 100 ? undefined : "Choose between 1 and 100 steps.";
+}
+
+/** What to tell the user when a step was asked for a kernel that is already being optimized. */
+export function alreadyRunning(result: unknown): string | undefined {
+  if (typeof result !== "object" || result === null) {
+    return undefined;
+  }
+  const { alreadyRunning: running, jobId } = result as Record<string, unknown>;
+  return running === true
+    ? `HTAM: this file is already being optimized (job ${String(jobId)}); wait for it or run HTAM: Cancel.`
+    : undefined;
 }
 
 /** The Markdown a command answered with (`htam.explain`, `htam.showMemory`), if any. */

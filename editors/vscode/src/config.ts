@@ -27,12 +27,17 @@ export const API_KEY_VARIABLES = {
 
 export type KeyProvider = keyof typeof API_KEY_VARIABLES;
 
+export const KEY_PROVIDERS = Object.keys(API_KEY_VARIABLES) as KeyProvider[];
+
 export function isKeyProvider(value: string): value is KeyProvider {
   return Object.hasOwn(API_KEY_VARIABLES, value);
 }
 
 /** Empty strings mean "the server's default" and are left out. */
-export function initializationOptions(settings: HtamSettings, trusted: boolean): InitializationOptions {
+export function initializationOptions(
+  settings: HtamSettings,
+  trusted: boolean,
+): InitializationOptions {
   const options: InitializationOptions = {
     provider: settings.provider || "auto",
     steps: settings.steps,

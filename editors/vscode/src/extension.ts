@@ -2,11 +2,13 @@
 import { PythonExtension } from "@vscode/python-extension";
 import * as vscode from "vscode";
 import {
+  ExecuteCommandRequest,
   LanguageClient,
   type LanguageClientOptions,
   type ServerOptions,
 } from "vscode-languageclient/node";
 import {
+  alreadyRunning,
   CommandError,
   commandArguments,
   type EditorContext,
@@ -20,6 +22,7 @@ import {
   type HtamSettings,
   initializationOptions,
   isKeyProvider,
+  KEY_PROVIDERS,
   type KeyProvider,
   serverEnvironment,
   withTrust,
@@ -112,7 +115,10 @@ class Htam implements vscode.Disposable {
 
   /** Restarts when the effective htam.interpreter changed (trust changes it too). */
   onConfigurationChanged(event: vscode.ConfigurationChangeEvent): void {
-    if (event.affectsConfiguration("htam.interpreter") && interpreterSetting() !== this.interpreterSetting) {
+    if (
+      event.affectsConfiguration("htam.interpreter") &&
+      interpreterSetting() !== this.interpreterSetting
+    ) {
       void this.restart("htam.interpreter changed");
     }
   }
@@ -134,7 +140,7 @@ class Htam implements vscode.Disposable {
   }
 
   async setApiKey(): Promise<void> {
-    const provider = await vscode.window.showQuickPick(Object.keys(API_KEY_VARIABLES), {
+    const provider = await vscode.window.showQuickPick(KEY_PROVIDERS, {
       title: "HTAM: Set API Key",
       placeHolder: "Provider whose key to keep in VS Code's SecretStorage",
     });
@@ -277,10 +283,10 @@ class Htam implements vscode.Disposable {
 
   private async storedKeys(): Promise<Partial<Record<KeyProvider, string>>> {
     const keys: Partial<Record<KeyProvider, string>> = {};
-    for (const provider of Object.keys(API_KEY_VARIABLES)) {
-      const key = isKeyProvider(provider) && (await this.context.secrets.get(secretName(provider)));
+    for (const provider of KEY_PROVIDERS) {
+      const key = await this.context.secrets.get(secretName(provider));
       if (key) {
-        keys[provider as KeyProvider] = key;
+        keys[provider] = key;
       }
     }
     return keys;
@@ -302,7 +308,11 @@ class Htam implements vscode.Disposable {
   }
 
   /** The arguments to send, or `undefined` after telling the user what is missing. */
-  private completeArguments(command: string, args: unknown[], steps: number): unknown[] | undefined {
+  private completeArguments(
+    command: string,
+    args: unknown[],
+    steps: number,
+  ): unknown[] | undefined {
     try {
       return commandArguments(command, args, this.editorContext(steps));
     } catch (error) {
@@ -324,12 +334,27 @@ class Htam implements vscode.Disposable {
       return undefined;
     }
     this.log.info(`${command} ${JSON.stringify(full)}`);
-    const result = await next(command, full);
-    const markdown = markdownOf(result);
-    if (isInteractive(args) && markdown !== undefined) {
-      await this.view.show(markdown);
+    if (!isInteractive(args) || !this.client) {
+      return next(command, full);
     }
-    return result;
+    // From the palette: the server's own message is the one to show (for example "put the
+    // cursor in a kernel"), not the client's generic "request failed".
+    try {
+      const params = { command, arguments: full };
+      const result: unknown = await this.client.sendRequest(ExecuteCommandRequest.type, params);
+      const markdown = markdownOf(result);
+      if (markdown !== undefined) {
+        await this.view.show(markdown);
+      }
+      const notice = alreadyRunning(result);
+      if (notice) {
+        void vscode.window.showInformationMessage(notice);
+      }
+    } catch (error) {
+      this.log.error(`${command} failed: ${String(error)}`);
+      void vscode.window.showErrorMessage(error instanceof Error ? error.message : String(error));
+    }
+    return undefined;
   }
 
   private onJobState(payload: unknown): void {
@@ -357,9 +382,11 @@ class Htam implements vscode.Disposable {
     if (state.state === "failed") {
       void vscode.window.showErrorMessage(`HTAM: ${subject} failed: ${state.message}`);
     } else if (state.state === "done") {
-      const best = state.bestSpeedup === null ? "finished" : `best ${formatSpeedup(state.bestSpeedup)}`;
+      const best =
+        state.bestSpeedup === null ? undefined : `best ${formatSpeedup(state.bestSpeedup)}`;
+      const then = best ? "Apply it from the light bulb (Ctrl+.)." : "No verified improvement yet.";
       void vscode.window.showInformationMessage(
-        `HTAM: ${subject}: ${state.message || best}. Apply it from the light bulb (Ctrl+.).`,
+        `HTAM: ${subject}: ${state.message || best || "finished"}. ${then}`,
       );
     }
   }
@@ -371,7 +398,10 @@ class Htam implements vscode.Disposable {
       this.status.command = "htam.showLog";
       return;
     }
-    const view = this.tracker.view({ starting: this.starting, trusted: vscode.workspace.isTrusted });
+    const view = this.tracker.view({
+      starting: this.starting,
+      trusted: vscode.workspace.isTrusted,
+    });
     this.status.text = view.text;
     this.status.tooltip = view.tooltip;
     this.status.command = view.running ? "htam.cancel" : "htam.showLog";
@@ -387,7 +417,9 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   context.subscriptions.push(
     log,
     instance.viewProvider(),
-    vscode.commands.registerCommand("htam.restartServer", () => instance.restart("restart requested")),
+    vscode.commands.registerCommand("htam.restartServer", () =>
+      instance.restart("restart requested"),
+    ),
     vscode.commands.registerCommand("htam.setApiKey", () => instance.setApiKey()),
     vscode.commands.registerCommand("htam.optimizeN", () => instance.optimizeN()),
     vscode.commands.registerCommand("htam.showLog", () => log.show()),

@@ -40,7 +40,11 @@ const PROBE_TIMEOUT_MS = 20_000;
 const SAFE_PATH = "-P";
 
 /** Arguments that start the server on stdio. */
-export const SERVER_ARGS = [SAFE_PATH, "-c", "import sys; from htam_lsp.server import main; sys.exit(main())"];
+export const SERVER_ARGS = [
+  SAFE_PATH,
+  "-c",
+  "import sys; from htam_lsp.server import main; sys.exit(main())",
+];
 
 /**
  * Interpreters to try, best first. An explicit setting is the only candidate: a user who

@@ -117,7 +117,11 @@ export class JobTracker {
 
   view(server: ServerState): StatusView {
     if (server.starting) {
-      return { text: "$(loading~spin) HTAM: starting", tooltip: "HTAM: starting htam-lsp", running: false };
+      return {
+        text: "$(loading~spin) HTAM: starting",
+        tooltip: "HTAM: starting htam-lsp",
+        running: false,
+      };
     }
     const current = this.current();
     if (current) {
@@ -131,7 +135,8 @@ function idleView(trusted: boolean): StatusView {
   if (!trusted) {
     return {
       text: "$(shield) HTAM: idle (restricted)",
-      tooltip: "HTAM: Restricted Mode: kernels are parsed and explained, nothing is run. Trust the workspace to optimize.",
+      tooltip:
+        "HTAM: Restricted Mode: kernels are parsed and explained, nothing is run. Trust the workspace to optimize.",
       running: false,
     };
   }

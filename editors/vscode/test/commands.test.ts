@@ -1,6 +1,13 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { CommandError, commandArguments, isInteractive, markdownOf, stepsInputError } from "../src/commands";
+import {
+  alreadyRunning,
+  CommandError,
+  commandArguments,
+  isInteractive,
+  markdownOf,
+  stepsInputError,
+} from "../src/commands";
 
 const editor = { uri: "file:///w/k.py", position: { line: 3, character: 4 }, steps: 6 };
 
@@ -14,7 +21,9 @@ test("palette calls get the active editor's uri and position", () => {
   assert.deepEqual(commandArguments("htam.nextStep", [], editor), [
     { uri: "file:///w/k.py", position: { line: 3, character: 4 } },
   ]);
-  assert.deepEqual(commandArguments("htam.explain", [], { uri: "file:///w/k.py", steps: 6 }), [{ uri: "file:///w/k.py" }]);
+  assert.deepEqual(commandArguments("htam.explain", [], { uri: "file:///w/k.py", steps: 6 }), [
+    { uri: "file:///w/k.py" },
+  ]);
   assert.equal(isInteractive([]), true);
 });
 
@@ -29,7 +38,9 @@ test("kernel commands without an editor raise a user-facing error", () => {
 });
 
 test("cancel and show memory need no editor", () => {
-  assert.deepEqual(commandArguments("htam.cancel", [], { steps: 6, jobId: "j7" }), [{ jobId: "j7" }]);
+  assert.deepEqual(commandArguments("htam.cancel", [], { steps: 6, jobId: "j7" }), [
+    { jobId: "j7" },
+  ]);
   assert.deepEqual(commandArguments("htam.cancel", [], { steps: 6 }), [{}]);
   assert.deepEqual(commandArguments("htam.showMemory", [], { steps: 6 }), [{}]);
 });
@@ -45,4 +56,13 @@ test("markdown is read from command results", () => {
   assert.equal(markdownOf({ markdown: "# HTG" }), "# HTG");
   assert.equal(markdownOf({ jobId: "j" }), undefined);
   assert.equal(markdownOf(null), undefined);
+});
+
+test("a second step on a busy file is explained, other results are not", () => {
+  assert.match(
+    alreadyRunning({ jobId: "j3", alreadyRunning: true }) ?? "",
+    /already being optimized \(job j3\)/,
+  );
+  assert.equal(alreadyRunning({ jobId: "j4", state: "queued" }), undefined);
+  assert.equal(alreadyRunning("x"), undefined);
 });

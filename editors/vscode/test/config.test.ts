@@ -2,7 +2,14 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { initializationOptions, serverEnvironment, withTrust } from "../src/config";
 
-const settings = { provider: "replay", model: "", baseUrl: "", steps: 3, device: "cpu", cassette: "/c.json" };
+const settings = {
+  provider: "replay",
+  model: "",
+  baseUrl: "",
+  steps: 3,
+  device: "cpu",
+  cassette: "/c.json",
+};
 
 test("initialization options carry trust and drop empty settings", () => {
   assert.deepEqual(initializationOptions(settings, false), {
@@ -19,7 +26,10 @@ test("initialization options carry trust and drop empty settings", () => {
 });
 
 test("stored keys reach the server's environment and win over the window's", () => {
-  const env = serverEnvironment({ PATH: "/bin", ANTHROPIC_API_KEY: "from-env", OPENAI_API_KEY: "env-openai" }, { anthropic: "stored" });
+  const env = serverEnvironment(
+    { PATH: "/bin", ANTHROPIC_API_KEY: "from-env", OPENAI_API_KEY: "env-openai" },
+    { anthropic: "stored" },
+  );
   assert.equal(env.ANTHROPIC_API_KEY, "stored");
   assert.equal(env.OPENAI_API_KEY, "env-openai");
   assert.equal(env.PATH, "/bin");
@@ -32,6 +42,10 @@ test("the base environment is not modified", () => {
 });
 
 test("workspace/configuration answers for htam carry allowExecution", () => {
-  const results = withTrust(["htam", "python", "htam"], [{ provider: "auto" }, { x: 1 }, null], true);
+  const results = withTrust(
+    ["htam", "python", "htam"],
+    [{ provider: "auto" }, { x: 1 }, null],
+    true,
+  );
   assert.deepEqual(results, [{ provider: "auto", allowExecution: true }, { x: 1 }, null]);
 });

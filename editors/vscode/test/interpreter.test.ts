@@ -13,7 +13,11 @@ import {
 const base = { setting: "", pythonExtension: undefined, trusted: true, platform: "linux" } as const;
 
 test("an explicit setting is the only candidate", () => {
-  const candidates = interpreterCandidates({ ...base, setting: " /opt/py/bin/python ", pythonExtension: "/env/python" });
+  const candidates = interpreterCandidates({
+    ...base,
+    setting: " /opt/py/bin/python ",
+    pythonExtension: "/env/python",
+  });
   assert.deepEqual(candidates, [{ command: "/opt/py/bin/python", source: "setting" }]);
 });
 
@@ -27,7 +31,11 @@ test("the Python extension's environment comes before PATH when trusted", () => 
 });
 
 test("a workspace-chosen environment is not used in Restricted Mode", () => {
-  const candidates = interpreterCandidates({ ...base, pythonExtension: "/ws/.venv/bin/python", trusted: false });
+  const candidates = interpreterCandidates({
+    ...base,
+    pythonExtension: "/ws/.venv/bin/python",
+    trusted: false,
+  });
   assert.deepEqual(candidates, [{ command: "python3", source: "path" }]);
 });
 
@@ -78,11 +86,16 @@ test("findInterpreter takes the first candidate that works", async () => {
   );
   assert.equal(found?.command, "python3");
   assert.deepEqual(probed, ["/broken/python", "python3"]);
-  assert.deepEqual(failures, ["/broken/python (from the Python extension's active environment): boom"]);
+  assert.deepEqual(failures, [
+    "/broken/python (from the Python extension's active environment): boom",
+  ]);
 });
 
 test("the install hint names the interpreter and both install commands", () => {
-  const hint = installHint([{ command: "/usr/bin/python3", source: "path" }], ["/usr/bin/python3 (from PATH): No module named 'htam_lsp'"]);
+  const hint = installHint(
+    [{ command: "/usr/bin/python3", source: "path" }],
+    ["/usr/bin/python3 (from PATH): No module named 'htam_lsp'"],
+  );
   assert.match(hint, /\/usr\/bin\/python3 -m pip install htam/);
   assert.match(hint, /\/usr\/bin\/python3 -m pip install -e <path-to-htam>/);
   assert.match(hint, /No module named 'htam_lsp'/);

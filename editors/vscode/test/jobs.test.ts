@@ -5,7 +5,13 @@ import { type JobState, JobTracker, parseJobState, percent, progressMessage } fr
 const SERVER = { starting: false, trusted: true };
 
 function job(fields: Partial<JobState>): JobState {
-  const state = parseJobState({ jobId: "j1", uri: "file:///k.py", kernel: "softmax", state: "running", ...fields });
+  const state = parseJobState({
+    jobId: "j1",
+    uri: "file:///k.py",
+    kernel: "softmax",
+    state: "running",
+    ...fields,
+  });
   assert.ok(state);
   return state;
 }
@@ -89,6 +95,9 @@ test("progress percent is bounded and the message names step and phase", () => {
   assert.equal(percent(job({ step: 3, steps: 6 })), 50);
   assert.equal(percent(job({ step: 9, steps: 6 })), 100);
   assert.equal(percent(job({ steps: 0 })), 0);
-  assert.equal(progressMessage(job({ step: 2, steps: 6, phase: "verify", message: "3 inputs" })), "step 2 of 6: verify - 3 inputs");
+  assert.equal(
+    progressMessage(job({ step: 2, steps: 6, phase: "verify", message: "3 inputs" })),
+    "step 2 of 6: verify - 3 inputs",
+  );
   assert.equal(progressMessage(job({ state: "queued" })), "queued");
 });
