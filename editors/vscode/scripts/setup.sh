@@ -74,11 +74,11 @@ ensure_extension_packages() {
 # Bundles and packages only when a source is newer than htam.vsix.
 ensure_vsix() {
   local vsix="$EXT_DIR/htam.vsix"
-  if [[ -f "$vsix" ]] && [[ -z "$(cd "$EXT_DIR" && find src package.json package-lock.json README.md .vscodeignore -newer "$vsix" -print -quit)" ]]; then
+  if [[ -f "$vsix" ]] && [[ -z "$(cd "$EXT_DIR" && find src package.json package-lock.json README.md .vscodeignore tsconfig.json -newer "$vsix" -print -quit)" ]]; then
     return 0
   fi
   log "bundling and packaging htam.vsix"
-  (cd "$EXT_DIR" && quiet vsce npx vsce package --no-dependencies --skip-license --out htam.vsix) \
+  (cd "$EXT_DIR" && quiet vsce npm run package) \
     || { fail "vsce package: building htam.vsix failed (see $TOOLS/setup-vsce.log)"; return 1; }
 }
 
