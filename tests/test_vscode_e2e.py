@@ -133,7 +133,7 @@ class VSCode:
     page: Page
     folder: Path
     htam_home: Path
-    logs: Path
+    user_data: Path
     name: str
     shots: list[Path] = field(default_factory=list)
 
@@ -225,7 +225,8 @@ class VSCode:
         return "\n".join(toasts.all_inner_texts())
 
     def htam_log(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in self.logs.rglob("*HTAM*.log"))
+        logs = self.user_data / "logs"
+        return "\n".join(p.read_text(errors="replace") for p in logs.rglob("*HTAM*.log"))
 
 
 def _write_settings(user_data: Path) -> None:
@@ -292,7 +293,7 @@ def vscode(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VSCode]:
             page.set_default_timeout(STARTUP_S * 1000)
             page.goto(f"http://127.0.0.1:{port}/?folder={folder}")
             page.locator(".monaco-workbench").wait_for()
-            session = VSCode(page, folder, htam_home, user_data / "logs", request.node.name)
+            session = VSCode(page, folder, htam_home, user_data, request.node.name)
             try:
                 yield session
             finally:
@@ -351,6 +352,47 @@ def test_untrusted_folder_parses_and_hovers_but_executes_nothing(vscode: VSCode)
     assert vscode.kernel.read_text() == original
     assert not (vscode.htam_home / "lsp-runs").exists(), "a job ran in an untrusted folder"
     assert not (vscode.htam_home / "lsp-buffers").exists(), "a job started in an untrusted folder"
+
+
+def _server_environments(htam_home: Path) -> list[dict[str, str]]:
+    """The environments of this session's running htam-lsp processes (Linux /proc)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"htam_lsp.server" not in (proc / "cmdline").read_bytes():
+                continue
+            raw = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone, or not ours to read
+        env = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
+        if env.get("HTAM_HOME") == str(htam_home):
+            found.append(env)
+    return found
+
+
+@pytest.mark.slow
+def test_api_key_from_secret_storage_reaches_the_server_not_settings(vscode: VSCode) -> None:
+    key = f"sk-htam-e2e-{os.getpid()}"
+    vscode.open_kernel()
+    vscode.wait_status("idle", STARTUP_S)
+    vscode.palette("HTAM: Set API Key")
+    vscode.page.locator(".quick-input-list .monaco-list-row", has_text="anthropic").first.wait_for()
+    vscode.page.keyboard.type("anthropic")
+    vscode.page.keyboard.press("Enter")
+    vscode.page.locator(".quick-input-widget", has_text="ANTHROPIC_API_KEY").wait_for()
+    vscode.page.keyboard.type(key)
+    vscode.page.keyboard.press("Enter")
+    deadline = time.monotonic() + STARTUP_S
+    while not any(
+        env.get("ANTHROPIC_API_KEY") == key for env in _server_environments(vscode.htam_home)
+    ):
+        if time.monotonic() > deadline:
+            raise AssertionError("the restarted htam-lsp did not get the stored key")
+        time.sleep(0.5)
+    vscode.shot("key-stored")
+    settings = [*vscode.user_data.rglob("settings.json"), *vscode.folder.rglob("settings.json")]
+    assert settings, "no settings.json to check"
+    assert all(key not in path.read_text() for path in settings), "the key leaked into settings"
 
 
 @pytest.mark.slow
