@@ -10,7 +10,7 @@ Python files (KernelBench tasks with `load_inline` sources) go through
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tree_sitter import Node
 
@@ -19,6 +19,7 @@ from htam_lsp.documents import Document
 
 # Containers whose body holds more file-scope declarations.
 _CONTAINERS = ("linkage_specification", "namespace_definition", "declaration_list")
+MODEL_CLASSES = ("Model", "ModelNew")  # KernelBench's names
 _COMPARISON = re.compile(r"[<>]=?")
 _INDEX = re.compile(r"\b(threadIdx|blockIdx)\b")
 _RESTRICT = re.compile(r"__restrict(__)?\b")
@@ -98,33 +99,55 @@ def _discover(doc: Document) -> list[Unit]:
 
 
 def _python_units(doc: Document) -> list[Unit]:
-    """Model classes and loader calls (parsing.kernels), and the functions of each embedded
-    C++/CUDA source, read like a C++ file and shifted to the literal's place in the file."""
-    found = []
-    for k in parsing.kernels(doc.data, "python"):
-        if k.kind not in ("model", "module"):
-            continue
-        name_start = _name_offset(doc.data, k.start_byte, k.end_byte, k.name)
-        found.append(
-            Unit(
-                k.name,
-                k.kind,
-                k.language,
-                k.start_byte,
-                k.end_byte,
-                name_start,
-                name_start + len(k.name.encode()),
-            )
-        )
-    for embedded in parsing.embedded_sources(doc.data):
-        root = parsing.parse(embedded.text, embedded.language).root_node
-        found += _cxx_units(root, embedded.language, embedded.start_byte)
+    """Model classes and loader calls from the document's own (incremental) tree, and the
+    functions of each embedded C++/CUDA source, shifted to the literal's place."""
+    assert doc.tree is not None
+    root = doc.tree.root_node
+    found = [
+        _node_unit(node, "model", node.child_by_field_name("name"))
+        for node in root.children
+        if node.type == "class_definition"
+        and parsing.text(node.child_by_field_name("name")) in MODEL_CLASSES
+    ]
+    found += [
+        _node_unit(call, "module", call.child_by_field_name("function"))
+        for call in parsing.loader_calls(doc.tree)
+    ]
+    for embedded in parsing.embedded_sources(doc.source):
+        tree = doc.embedded_tree(embedded.start_byte, embedded.end_byte, embedded.language)
+        found += [
+            _shift(unit, embedded.start_byte)
+            for unit in _cxx_units(tree.root_node, embedded.language)
+        ]
     return sorted(found, key=lambda u: u.start_byte)
 
 
-def _name_offset(data: bytes, start: int, end: int, name: str) -> int:
-    found = data.find(name.encode(), start, end) if name else -1
-    return found if found >= 0 else start
+def _node_unit(node: Node, kind: str, name_node: Node | None) -> Unit:
+    name = parsing.text(name_node).rsplit(".", 1)[-1]
+    name_end = name_node.end_byte if name_node is not None else node.start_byte
+    return Unit(
+        name,
+        kind,
+        "python",
+        node.start_byte,
+        node.end_byte,
+        name_end - len(name.encode()),
+        name_end,
+    )
+
+
+def _shift(unit: Unit, delta: int) -> Unit:
+    return replace(
+        unit,
+        start_byte=unit.start_byte + delta,
+        end_byte=unit.end_byte + delta,
+        name_start=unit.name_start + delta,
+        name_end=unit.name_end + delta,
+        hints=tuple(
+            replace(h, start_byte=h.start_byte + delta, end_byte=h.end_byte + delta)
+            for h in unit.hints
+        ),
+    )
 
 
 def _top_functions(root: Node) -> list[Node]:
@@ -143,7 +166,7 @@ def _top_functions(root: Node) -> list[Node]:
     return found
 
 
-def _cxx_units(root: Node, language: str, shift: int = 0) -> list[Unit]:
+def _cxx_units(root: Node, language: str) -> list[Unit]:
     functions = [(fn, facts(fn)) for fn in _top_functions(root)]
     launchers: dict[str, list[str]] = {}
     for _fn, f in functions:
@@ -152,14 +175,14 @@ def _cxx_units(root: Node, language: str, shift: int = 0) -> list[Unit]:
     found = []
     for fn, f in functions:
         name_node = _name_node(fn) or fn
-        start, end = name_node.start_byte + shift, name_node.end_byte + shift
+        start, end = name_node.start_byte, name_node.end_byte
         found.append(
             Unit(
                 f.name,
                 "global" if f.is_global else "host",
                 language,
-                fn.start_byte + shift,
-                fn.end_byte + shift,
+                fn.start_byte,
+                fn.end_byte,
                 start,
                 end,
                 tuple(launchers.get(f.name, ())) if f.is_global else (),

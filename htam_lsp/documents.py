@@ -6,6 +6,7 @@ re-parse needs the byte offsets of each edit in the text *before* the edit.
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import PurePosixPath
@@ -54,8 +55,73 @@ def uri_path(uri: str) -> str | None:
 
 
 @dataclass
+class EmbeddedTree:
+    """The tree of a C++/CUDA source held in a Python string literal (file bytes start..end)."""
+
+    start: int
+    end: int
+    language: str
+    tree: tree_sitter.Tree
+
+    def follow(self, start: int, old_end: int, new: bytes, data: bytes) -> bool:
+        """Keep this tree in step with an edit of the file; False when it cannot be kept.
+
+        `data` is the file before the edit. An edit inside the literal is applied to the
+        tree and re-parsed incrementally; one before it only moves it.
+        """
+        delta = len(new) - (old_end - start)
+        if old_end <= self.start and start < self.start:
+            self.start, self.end = self.start + delta, self.end + delta
+            return True
+        if start >= self.end and start > self.start:
+            return True
+        if not (self.start <= start and old_end <= self.end):
+            return False
+        inner = data[self.start : self.end]
+        rel_start, rel_old_end = start - self.start, old_end - self.start
+        edited = inner[:rel_start] + new + inner[rel_old_end:]
+        self.tree.edit(
+            rel_start,
+            rel_old_end,
+            rel_start + len(new),
+            _point(inner, rel_start),
+            _point(inner, rel_old_end),
+            _point(edited, rel_start + len(new)),
+        )
+        self.tree = parser_for(self.language).parse(edited, self.tree)
+        self.end += delta
+        return True
+
+
+def _point(data: bytes, offset: int) -> tuple[int, int]:
+    return data.count(b"\n", 0, offset), offset - (data.rfind(b"\n", 0, offset) + 1)
+
+
+def sanitize(data: bytes) -> bytes:
+    """`data` with each byte of an invalid UTF-8 sequence replaced by `?`: same length, so
+    every offset holds, and valid UTF-8 for the parsers and `htam_engine.parsing`."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("utf-8", "htam-same-length").encode("utf-8")
+    return data
+
+
+def _same_length(error: UnicodeError) -> tuple[str, int]:
+    assert isinstance(error, UnicodeDecodeError)
+    return "?" * (error.end - error.start), error.end
+
+
+codecs.register_error("htam-same-length", _same_length)
+
+
+@dataclass
 class Document:
-    """One open document and its syntax tree (None when HTAM does not parse it)."""
+    """One open document and its syntax tree (None when HTAM does not parse it).
+
+    `data` is the text as UTF-8 (positions are counted in it); `source` is the same
+    bytes made valid UTF-8 (see `sanitize`), which is what gets parsed.
+    """
 
     uri: str
     language_id: str
@@ -64,10 +130,13 @@ class Document:
     language: str | None = None
     tree: tree_sitter.Tree | None = None
     index: LineIndex = field(init=False)
+    source: bytes = field(init=False)
     cache: dict[str, Any] = field(default_factory=dict)  # derived data of this version
+    embedded: dict[int, EmbeddedTree] = field(default_factory=dict)  # by start byte
 
     def __post_init__(self) -> None:
         self.index = LineIndex(self.data)
+        self.source = sanitize(self.data)
         self.language = language_of(self.uri, self.language_id)
         self._parse(None)
 
@@ -85,12 +154,22 @@ class Document:
             self.tree = None
             return
         parser = parser_for(self.language)
-        self.tree = parser.parse(self.data, old) if old is not None else parser.parse(self.data)
+        self.tree = parser.parse(self.source, old) if old is not None else parser.parse(self.source)
+
+    def embedded_tree(self, start: int, end: int, language: str) -> tree_sitter.Tree:
+        """The tree of the embedded source at file bytes start..end (kept incrementally)."""
+        held = self.embedded.get(start)
+        if held is None or held.end != end or held.language != language:
+            parsed = parser_for(language).parse(self.source[start:end])
+            held = self.embedded[start] = EmbeddedTree(start, end, language, parsed)
+        return held.tree
 
     def replace(self, text: str, version: int) -> None:
         """A whole-document change."""
+        self.embedded.clear()
         self.data, self.version = encode(text), version
         self.index = LineIndex(self.data)
+        self.source = sanitize(self.data)
         self._parse(None)
 
     def edit(self, start: tuple[int, int], end: tuple[int, int], text: str, encoding: str) -> None:
@@ -102,6 +181,14 @@ class Document:
         old_end_point = self.index.point(old_end_byte)
         self.data = self.data[:start_byte] + new + self.data[old_end_byte:]
         self.index = LineIndex(self.data)
+        old_source, self.source = self.source, sanitize(self.data)
+        new_source = self.source[start_byte : start_byte + len(new)]
+        kept = [
+            e
+            for e in self.embedded.values()
+            if e.follow(start_byte, old_end_byte, new_source, old_source)
+        ]
+        self.embedded = {e.start: e for e in kept}
         new_end_byte = start_byte + len(new)
         old = self.tree
         if old is not None and not self.too_large:

@@ -1,24 +1,33 @@
 """The engine's view of an open kernel: backend, binding, state and the memory's preview.
 
-Everything here is pure Python over the document and the memory (no torch); results
-that cost more than a lookup are cached on the document version.
+Everything here is pure Python over the document and the memory (no torch). Results
+that cost more than a lookup are cached on the document version; the policy and task
+modules are imported on first use to keep the server's start-up short.
 """
 
 from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from htam_engine import parsing
-from htam_engine.policy import PolicyConfig, make_prefix, select_global
 from htam_engine.state import State
-from htam_engine.task import _toml_binding, guess_backend, parse_directive
 from htam_lsp.discovery import Unit
 from htam_lsp.documents import Document, uri_path
 
 REFERENCE_GLOB = "*ref*.py"
+DIRECTIVE_BYTES = 4096  # the directive sits on one of the first lines
+T = TypeVar("T")
+
+
+def _cached(doc: Document, key: str, compute: Callable[[], T]) -> T:
+    if key not in doc.cache:
+        doc.cache[key] = compute()
+    value: T = doc.cache[key]
+    return value
 
 
 def backend(doc: Document) -> str:
@@ -26,7 +35,9 @@ def backend(doc: Document) -> str:
     if doc.language == "cuda":
         return "cuda"
     if doc.language == "python":
-        return guess_backend("py", doc.text)
+        from htam_engine.task import guess_backend
+
+        return _cached(doc, "backend", lambda: guess_backend("py", doc.text))
     return "cpu"
 
 
@@ -36,8 +47,15 @@ def has_gpu() -> bool:
 
 
 def binding(doc: Document) -> dict[str, str]:
-    """The reference binding of a `.cu` document: its directive, else its htam.toml entry."""
-    found = parse_directive(doc.text)
+    """The reference binding of a document: its directive, else its htam.toml entry."""
+    return _cached(doc, "binding", lambda: _binding(doc))
+
+
+def _binding(doc: Document) -> dict[str, str]:
+    from htam_engine.task import _toml_binding, parse_directive
+
+    head = doc.source[:DIRECTIVE_BYTES].decode("utf-8", "replace")
+    found = parse_directive(head)
     if found.get("reference"):
         return found
     path = uri_path(doc.uri)
@@ -54,7 +72,7 @@ def needs_binding(doc: Document) -> bool:
 
 
 def guess_reference(doc: Document) -> str | None:
-    """A sibling `*ref*.py` of the document, relative to it, if exactly one is obvious."""
+    """A sibling `*ref*.py` of the document (its name), if there is one."""
     path = uri_path(doc.uri)
     if path is None:
         return None
@@ -72,7 +90,7 @@ def binding_directive(doc: Document, unit: Unit, all_units: list[Unit]) -> str:
 
 def _family(doc: Document) -> str:
     if doc.language == "python":
-        return parsing.family(doc.data)
+        return parsing.family(doc.source)
     reference = binding(doc).get("reference")
     path = uri_path(doc.uri)
     if reference and path:
@@ -82,27 +100,35 @@ def _family(doc: Document) -> str:
     return "unknown"
 
 
+def _features(doc: Document, unit: Unit, back: str) -> set[str]:
+    """Tags of the unit's own code (a kernel function), or of the whole task file."""
+    if unit.kind == "model":
+        return _cached(doc, "features", lambda: parsing.features(doc.source, back))
+    return parsing.features(doc.source[unit.start_byte : unit.end_byte], back)
+
+
 def state(doc: Document, unit: Unit) -> State:
     """s_t before any step: context and static features of this kernel, no feedback yet."""
     back = backend(doc)
-    family = _family(doc)
-    source = doc.data if doc.language == "python" else doc.data[unit.start_byte : unit.end_byte]
+    family = _cached(doc, "family", lambda: _family(doc))
     return State(
         backend=back,
         family=family,
         task_signature=f"{back}:{family}:{Path(uri_path(doc.uri) or doc.uri).stem}",
-        features=parsing.features(source, back),
+        features=_features(doc, unit, back),
         feedback={"first_step"},
     )
 
 
 def preview(doc: Document, unit: Unit, graph: Any) -> tuple[str, dict[str, Any]]:
     """(state text, GlobalDecision JSON): what the memory would pick first for `unit`."""
-    key = f"preview:{unit.name}"
-    if key not in doc.cache:
-        config = PolicyConfig()
-        s = state(doc, unit)
-        decision = select_global(graph, make_prefix([], config.K), s, config, random.Random(0))
-        doc.cache[key] = (s.describe(), decision.to_json())
-    cached: tuple[str, dict[str, Any]] = doc.cache[key]
-    return cached
+    return _cached(doc, f"preview:{unit.name}", lambda: _preview(doc, unit, graph))
+
+
+def _preview(doc: Document, unit: Unit, graph: Any) -> tuple[str, dict[str, Any]]:
+    from htam_engine.policy import PolicyConfig, make_prefix, select_global
+
+    config = PolicyConfig()
+    s = state(doc, unit)
+    decision = select_global(graph, make_prefix([], config.K), s, config, random.Random(0))
+    return s.describe(), decision.to_json()

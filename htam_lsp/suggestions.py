@@ -14,9 +14,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from htam_engine.memory import MemoryStore
+if TYPE_CHECKING:
+    from htam_engine.memory import MemoryStore
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,8 @@ class SuggestionStore:
     def store(self) -> MemoryStore:
         """The reading `MemoryStore`, opened on first use (keeps start-up light)."""
         if self._reader is None:
+            from htam_engine.memory import MemoryStore
+
             self._reader = MemoryStore(self._home)
         return self._reader
 
@@ -161,6 +164,8 @@ class SuggestionStore:
 
     def _write(self, key: str, record: dict[str, Any]) -> None:
         if self._writer is None:
+            from htam_engine.memory import MemoryStore
+
             self._writer = MemoryStore(self._home)
         try:
             self._writer.put(NAMESPACE, key, record)

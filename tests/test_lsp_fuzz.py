@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from lsprotocol import types as t
 from pytest_lsp import client_capabilities
 
+from htam_engine import parsing
 from htam_lsp import server as srv
 from htam_lsp.documents import Document, parser_for
 
@@ -25,6 +26,7 @@ TOKENS = [
     "\x00", "\udcff", "__global__ void k(float* a, int n) {", "int i = threadIdx.x;",
     "if (i < n)", "a[i] = 0;", 'x = load_inline(name="m", cuda_sources="', '"""',
     "class ModelNew:", "    def forward(self, x):", "# htam: reference=ref.py",
+    'load_inline(name="m", cuda_sources=SRC)', 'SRC = r"""', "__global__ void g() { }",
 ]  # fmt: skip
 texts = st.lists(st.sampled_from(TOKENS), max_size=30).map("".join)
 ENCODINGS = ("utf-8", "utf-16")
@@ -65,8 +67,14 @@ def test_incremental_edits_match_text_and_fresh_parse(
         doc.edit((start.line, start.character), (end.line, end.character), new, encoding)
         expected = apply_edits(expected, [t.TextEdit(t.Range(start, end), new)], encoding)
         assert doc.text == expected
-        fresh = parser_for(language).parse(doc.data)
+        assert len(doc.source) == len(doc.data)  # sanitizing keeps every offset
+        fresh = parser_for(language).parse(doc.source)
         assert doc.tree is not None and str(doc.tree.root_node) == str(fresh.root_node)
+        if language == "python":  # embedded sources: trees kept incrementally, or re-parsed
+            for embedded in parsing.embedded_sources(doc.source):
+                kept = doc.embedded_tree(embedded.start_byte, embedded.end_byte, embedded.language)
+                alone = parser_for(embedded.language).parse(embedded.text.encode())
+                assert str(kept.root_node) == str(alone.root_node)
 
 
 def _server(encoding: str, home: Path) -> srv.HtamServer:
