@@ -404,7 +404,7 @@ def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
     vscode.wait_status(r"HTAM: idle$", STARTUP_S)
     vscode.go_to_kernel()
     vscode.palette("HTAM: Next Step")
-    vscode.wait_status(r"step \d+ of 1|queued|\d+\.\d+x|done", 60)
+    vscode.wait_status(r"measuring|step \d+ of 1|queued|\d+\.\d+x|done", 60)
     vscode.shot("running")
     finished = vscode.wait_status(r"HTAM: (\d+\.\d+x|done|failed)", STEP_TIMEOUT_S)
     vscode.shot("step-finished")
@@ -441,7 +441,7 @@ def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
     vscode.page.keyboard.press("Control+A")
     vscode.page.keyboard.type("3")
     vscode.page.keyboard.press("Enter")
-    vscode.wait_status(r"step \d+ of 3", 60)
+    vscode.wait_status(r"measuring|step \d+ of 3", 60)
     cancel = vscode.page.locator(".notification-toast", has_text="HTAM").get_by_role(
         "button", name="Cancel"
     )

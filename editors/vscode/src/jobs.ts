@@ -77,11 +77,16 @@ export function percent(state: JobState): number {
   return Math.min(100, Math.max(0, (100 * state.step) / state.steps));
 }
 
+/** Step 0 is the worker compiling, verifying and timing the starting implementation. */
+function stepLabel(state: JobState): string {
+  return state.step === 0 ? "measuring the start" : `step ${state.step} of ${state.steps}`;
+}
+
 /** One line for a progress notification: "step 2 of 6: compile - message". */
 export function progressMessage(state: JobState): string {
   const parts = [];
   if (state.steps > 0) {
-    parts.push(`step ${state.step} of ${state.steps}`);
+    parts.push(stepLabel(state));
   }
   if (state.phase) {
     parts.push(state.phase);
@@ -145,12 +150,7 @@ function idleView(trusted: boolean): StatusView {
 
 function runningView(state: JobState, active: number): StatusView {
   const more = active > 1 ? ` (+${active - 1})` : "";
-  const what =
-    state.state === "queued"
-      ? "queued"
-      : state.steps > 0
-        ? `step ${state.step} of ${state.steps}`
-        : "running";
+  const what = state.state === "queued" ? "queued" : state.steps > 0 ? stepLabel(state) : "running";
   return {
     text: `$(sync~spin) HTAM: ${what}${more}`,
     tooltip: `HTAM: ${state.kernel || state.uri}: ${progressMessage(state)} (click to cancel)`,

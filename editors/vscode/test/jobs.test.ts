@@ -61,6 +61,16 @@ test("a running job shows its step of N", () => {
   assert.equal(tracker.current()?.jobId, "j1");
 });
 
+test("step 0 is shown as measuring the starting implementation", () => {
+  const tracker = new JobTracker();
+  tracker.update(job({ step: 0, steps: 3, phase: "time" }));
+  assert.match(tracker.view(SERVER).text, /HTAM: measuring the start$/);
+  assert.equal(
+    progressMessage(job({ step: 0, steps: 1, phase: "verify" })),
+    "measuring the start: verify",
+  );
+});
+
 test("a finished job shows the best speedup and leaves no current job", () => {
   const tracker = new JobTracker();
   tracker.update(job({ step: 1, steps: 1 }));
