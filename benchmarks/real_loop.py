@@ -91,6 +91,10 @@ def error_line(run: dict[str, Any]) -> str:
     return lines[-1].replace("|", "/") if lines else "failed without a message"
 
 
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def _geomean(values: list[float]) -> float | None:
     good = [v for v in values if v and v > 0]
     return math.exp(statistics.fmean(math.log(v) for v in good)) if good else None
@@ -108,13 +112,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "geomean_over_start": _geomean([r["best_speedup"] for r in ok]),
         "geomean_over_pytorch": _geomean([r["ref_speedup"] for r in ok]),
         "geomean_start_over_pytorch": _geomean([r["start_ref_speedup"] for r in ok]),
-        "median_phase_s": {
-            ph: statistics.median(p.get(ph, 0.0) for p in phases) if phases else None
-            for ph in PHASES
-        },
-        "median_wall_per_evaluation_s": (
-            statistics.median(r["wall_s"] / (len(r["steps"]) + 1) for r in ok) if ok else None
-        ),
+        "median_phase_s": {ph: _median([p.get(ph, 0.0) for p in phases]) for ph in PHASES},
+        "median_wall_per_evaluation_s": _median([r["wall_s"] / (len(r["steps"]) + 1) for r in ok]),
     }
 
 
@@ -142,7 +141,7 @@ def markdown(out: dict[str, Any]) -> str:
             continue
         path = "; ".join(f"{s['global']}/{s['local']}: {s['status']}" for s in r["steps"])
         ph = [p for p in r["phase_seconds"] if p]
-        times = " / ".join(_s(statistics.median(p.get(k, 0.0) for p in ph)) for k in PHASES)
+        times = " / ".join(_s(_median([p.get(k, 0.0) for p in ph])) for k in PHASES)
         lines.append(
             f"| {r['example']} | {r['correct']} | {_x(r['best_speedup'])} | "
             f"{_x(r['ref_speedup'])} | {_x(r['start_ref_speedup'])} | {path} | {times} |"

@@ -118,6 +118,8 @@ def run_section(section: Section, quick: bool, seed: int, out_dir: Path) -> dict
         markdown = "\n".join(
             line for line in done.stdout.strip().splitlines() if not line.startswith("wrote ")
         )
+    elif markdown is None:
+        markdown = flat_table(data)
     return {
         "title": section.title,
         "status": "ok" if done.returncode == 0 else f"exit {done.returncode}",
@@ -127,6 +129,25 @@ def run_section(section: Section, quick: bool, seed: int, out_dir: Path) -> dict
         "markdown": markdown or "",
         "stderr_tail": done.stderr.strip()[-1500:] if done.returncode else "",
     }
+
+
+def flat_table(data: dict[str, Any], prefix: str = "") -> str:
+    """A two-column table of every number in `data` (nested keys joined by dots)."""
+    rows = [f"| {key} | {value} |" for key, value in _leaves(data, prefix)]
+    return "\n".join(["| measurement | value |", "| --- | --- |", *rows]) if rows else ""
+
+
+def _leaves(data: dict[str, Any], prefix: str) -> list[tuple[str, str]]:
+    out = []
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out += _leaves(value, name + ".")
+        elif isinstance(value, float):
+            out.append((name, f"{value:.4g}"))
+        elif isinstance(value, int | str | bool):
+            out.append((name, str(value)))
+    return out
 
 
 def _missing(section: Section) -> str:
