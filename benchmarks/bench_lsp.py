@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shutil
 import statistics
@@ -190,7 +191,7 @@ class Session:
 
     async def start(self) -> float:
         started = time.perf_counter()
-        await self.client.start({"HTAM_HOME": self.home, "PATH": str(Path(sys.executable).parent)})
+        await self.client.start({**os.environ, "HTAM_HOME": self.home})
         caps = default_converter().unstructure(client_capabilities("visual-studio-code"))
         await self.client.request(
             "initialize",

@@ -518,7 +518,7 @@ def _finish(job: Job, code: int, tail: str) -> None:
         job.state = "done"
     else:
         job.state = "failed"
-        last = tail.strip().splitlines()[-1] if tail.strip() else "no error output"
+        last = tail.strip().splitlines()[-1] if tail.strip() else job.message or "no output"
         job.message = f"htam optimize failed (exit code {code}): {last}"
 
 

@@ -1,0 +1,62 @@
+"""The server's pure pieces: position conversion, minimal edits, line mapping, settings."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from htam_lsp.actions import _minimal_change, map_line
+from htam_lsp.positions import UTF8, UTF16, UTF32, LineIndex, encode
+from htam_lsp.settings import Settings
+
+LINE = "a é 𝛼 b\r\nsecond\rthird\n"
+
+
+def test_positions_in_each_encoding_round_trip():
+    index = LineIndex(encode(LINE))
+    b_offset = encode(LINE).index(b"b")
+    assert index.position(b_offset, UTF8) == (0, 10)  # a, space, é(2), space, 𝛼(4), space
+    assert index.position(b_offset, UTF16) == (0, 7)  # 𝛼 is a surrogate pair
+    assert index.position(b_offset, UTF32) == (0, 6)
+    for encoding in (UTF8, UTF16, UTF32):
+        line, character = index.position(b_offset, encoding)
+        assert index.offset(line, character, encoding) == b_offset
+    # \r\n and a lone \r both end lines; out-of-range positions clamp.
+    assert index.position(encode(LINE).index(b"third"), UTF16) == (2, 0)
+    assert index.offset(1, 999, UTF16) == encode(LINE).index(b"\rthird")
+    assert index.offset(99, 0, UTF8) == len(encode(LINE))
+
+
+@given(st.text(max_size=60), st.text(max_size=60))
+def test_minimal_change_rebuilds_the_new_text(old: str, new: str):
+    a, b = encode(old), encode(new)
+    start, end, replacement = _minimal_change(a, b)
+    assert a[:start] + replacement + a[end:] == b
+    # Never splits a UTF-8 sequence: both ends decode cleanly.
+    a[:start].decode("utf-8", "surrogatepass")
+    a[end:].decode("utf-8", "surrogatepass")
+
+
+def test_compile_error_line_maps_through_inserted_lines():
+    current = "int a;\nint b;\nint c;\n"
+    candidate = "int a;\n#include <x>\n#include <y>\nint b;\nint c = ;\n"
+    assert map_line(candidate, current, 3) == 1  # "int b;" is line 1 of the current text
+    assert map_line(candidate, current, 4) == 2  # the changed line maps onto its old self
+
+
+def test_settings_validation_and_execution_grant():
+    base, problems = Settings().merged(
+        {"provider": "openai", "steps": 3, "baseUrl": "http://x", "allowExecution": True},
+        may_allow=True,
+    )
+    assert problems == [] and base.allow_execution and base.steps == 3
+    assert base.base_url == "http://x"
+    later, problems = base.merged(
+        {"htam": {"provider": "nope", "allowExecution": False}}, may_allow=False
+    )
+    assert later.provider == "openai" and not later.allow_execution
+    assert problems and "htam.provider" in problems[0]
+    denied, _ = Settings().merged({"allowExecution": True}, may_allow=False)
+    assert not denied.allow_execution
+    _, problems = Settings().merged("not an object", may_allow=True)
+    assert problems
