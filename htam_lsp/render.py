@@ -35,11 +35,15 @@ def action_title(graph: Any, global_id: str, local_id: str, gain: float | None, 
 
 
 def best_lens_title(graph: Any, step: dict[str, Any]) -> str:
-    """`Best: 1.84x measured (Data Reuse -> shared-memory tiling)`."""
-    return (
-        f"Best: {speedup(step.get('speedup'))} measured "
-        f"({node_name(graph, step.get('global', ''))} -> {node_name(graph, step.get('local', ''))})"
+    """`Best: 1.84x measured (Data Reuse -> shared-memory tiling)`; says so when no
+    measured candidate beats the current code yet."""
+    move = (
+        f"{node_name(graph, step.get('global', ''))} -> {node_name(graph, step.get('local', ''))}"
     )
+    gain = step.get("speedup")
+    if gain is not None and gain <= 1.0:
+        return f"No faster candidate yet (best {speedup(gain)} measured: {move})"
+    return f"Best: {speedup(gain)} measured ({move})"
 
 
 def _cell(text: Any) -> str:

@@ -7,6 +7,7 @@ import pytest_lsp
 from fixtures.lsp.lspkit import (
     CLIENTS,
     FIXTURES,
+    REPO,
     find,
     initialize,
     open_file,
@@ -15,6 +16,8 @@ from fixtures.lsp.lspkit import (
 )
 from lsprotocol import types as t
 from pytest_lsp import LanguageClient
+
+from htam_lsp.insight import has_gpu
 
 CU = FIXTURES / "cuda" / "vec_add.cu"
 BOUND = FIXTURES / "cuda" / "scale_bound.cu"
@@ -156,7 +159,7 @@ async def test_execution_refused_without_permission(client: LanguageClient):
         assert any("not allowed" in a.disabled.reason for a in disabled)  # type: ignore[union-attr]
     else:  # Neovim 0.11 does not support disabled actions: none are sent
         assert disabled == []
-    assert not any(a.command for a in actions or [] if isinstance(a, t.CodeAction))
+    assert not any(a.title.startswith("HTAM: run") for a in actions or [])
 
 
 async def test_workspace_settings_cannot_grant_execution(client: LanguageClient):
@@ -185,3 +188,33 @@ async def test_explain_and_show_memory_commands(client: LanguageClient):
     )
     assert memory["memory"]["backend"] == "cpu"
     assert memory["memory"]["directions"] and "| direction |" in memory["markdown"]
+
+
+async def test_actions_say_why_strategies_cannot_run(client: LanguageClient):
+    spec = client.spec  # type: ignore[attr-defined]
+    await initialize(client, spec, {"allowExecution": True, "provider": "offline"})
+    cuda_uri = open_file(client, BOUND, "cuda")
+    cpu_uri = open_file(client, REPO / "examples" / "softmax" / "cpu_naive.py", "python")
+    run = "HTAM: run the next optimization step"
+
+    async def actions(uri: str) -> list[t.CodeAction | t.Command]:
+        # lsprotocol reads a CodeAction that carries a command as a Command: keep both.
+        found = await client.text_document_code_action_async(
+            t.CodeActionParams(
+                t.TextDocumentIdentifier(uri),
+                t.Range(t.Position(3, 0), t.Position(3, 0)),
+                t.CodeActionContext(diagnostics=[]),
+            )
+        )
+        return list(found or [])
+
+    cpu = await actions(cpu_uri)
+    assert any(a.title.startswith(run) for a in cpu), [a.title for a in cpu]
+    cuda = await actions(cuda_uri)
+    reasons = [a.disabled.reason for a in cuda + cpu if isinstance(a, t.CodeAction) and a.disabled]
+    if spec == "neovim":  # no `disabled` support: nothing unrunnable is offered
+        assert reasons == []
+        return
+    assert any("no LLM configured" in r for r in reasons)
+    assert any(a.title.startswith(run) for a in cuda) == has_gpu()
+    assert any("no GPU" in r for r in reasons) == (not has_gpu())
