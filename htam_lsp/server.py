@@ -94,6 +94,11 @@ class HtamServer(LanguageServer):
         self._graphs: dict[str, Any] = {}
         self._diagnostic_timers: dict[str, asyncio.TimerHandle] = {}
 
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        """Log internal errors (e.g. pygls's own handling of a malformed change) instead of
+        showing the user a pop-up for something they cannot act on."""
+        log.error("internal error (%s): %s", getattr(source, "__name__", source), error)
+
     # --- positions -----------------------------------------------------------------------
 
     @property

@@ -88,6 +88,7 @@ async def test_bad_documents_and_requests(client: LanguageClient, tmp_path: Path
     )
     assert hover is None
     await _still_serving(client)
+    assert not [m for m in client.messages if m.type == t.MessageType.Error]  # no pop-ups
 
 
 async def test_bad_command_arguments_get_clear_errors(client: LanguageClient):
