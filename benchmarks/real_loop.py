@@ -54,13 +54,17 @@ def run_example(
     except subprocess.TimeoutExpired:
         return {"example": path.parent.name, "error": f"timed out after {timeout_s:.0f} s"}
     wall = time.monotonic() - started
-    if done.returncode != 0:
-        return {"example": path.parent.name, "error": done.stderr.strip()[-600:]}
-    try:
+    try:  # `htam optimize` exits 1 with its JSON when nothing correct was found
         result = json.loads(done.stdout)
     except json.JSONDecodeError:
-        return {"example": path.parent.name, "error": f"no JSON result: {done.stdout[-300:]}"}
-    return {"example": path.parent.name, "wall_s": wall, **summarize_run(result)}
+        output = (done.stderr.strip() or done.stdout.strip())[-600:]
+        return {"example": path.parent.name, "error": f"exit {done.returncode}: {output}"}
+    return {
+        "example": path.parent.name,
+        "exit_code": done.returncode,
+        "wall_s": wall,
+        **summarize_run(result),
+    }
 
 
 def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +74,7 @@ def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
         "best_speedup": result["best_speedup"],
         "ref_speedup": result["ref_speedup"],
         "start_ref_speedup": result["start_verdict"].get("speedup"),
+        "start_error": (result["start_verdict"].get("error") or {}).get("message"),
         "steps": [
             {
                 "global": s["global"],
@@ -107,6 +112,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "examples": len(runs),
         "failed_runs": len(runs) - len(ok),
+        "correct_examples": sum(bool(r["correct"]) for r in ok),
         "candidates": len(steps),
         "correct_rate": sum(s["correct"] for s in steps) / len(steps) if steps else None,
         "geomean_over_start": _geomean([r["best_speedup"] for r in ok]),
@@ -140,6 +146,8 @@ def markdown(out: dict[str, Any]) -> str:
             lines.append(f"| {r['example']} | run failed: {error_line(r)} | | | | | |")
             continue
         path = "; ".join(f"{s['global']}/{s['local']}: {s['status']}" for s in r["steps"])
+        if r["start_error"]:
+            path = f"start failed: {r['start_error']}; {path}".replace("|", "/")
         ph = [p for p in r["phase_seconds"] if p]
         times = " / ".join(_s(_median([p.get(k, 0.0) for p in ph])) for k in PHASES)
         lines.append(
@@ -150,8 +158,10 @@ def markdown(out: dict[str, Any]) -> str:
     rate = "-" if a["correct_rate"] is None else f"{a['correct_rate']:.2f}"
     lines += [
         "",
-        f"Correct candidates: {rate} of {a['candidates']}; failed runs: {a['failed_runs']}. "
-        f"Geomean best over start {_x(a['geomean_over_start'])}, over PyTorch "
+        f"Correct candidates: {rate} of {a['candidates']}; examples with a correct "
+        f"implementation: {a['correct_examples']} of {a['examples']}; failed runs: "
+        f"{a['failed_runs']}. Geomeans over the correct examples: best over start "
+        f"{_x(a['geomean_over_start'])}, over PyTorch "
         f"{_x(a['geomean_over_pytorch'])} (start: {_x(a['geomean_start_over_pytorch'])}). "
         f"Per evaluation (median s): compile {_s(m['compile'])}, verify {_s(m['verify'])}, "
         f"time {_s(m['time'])}; wall {_s(a['median_wall_per_evaluation_s'])}.",
