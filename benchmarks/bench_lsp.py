@@ -256,7 +256,7 @@ async def measure_file(
     return {
         "hover": summary(await timed(hover, n)),
         "code_action": summary(await timed(action, n)),
-        "document_symbol": summary(await timed(symbols, max(n // 4, 5))),
+        "document_symbol": summary(await timed(symbols, n)),
     }
 
 

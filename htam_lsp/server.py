@@ -186,6 +186,10 @@ class HtamServer(LanguageServer):
         self.text_document_publish_diagnostics(
             t.PublishDiagnosticsParams(uri=uri, version=doc.version, diagnostics=found)
         )
+        # The document has settled: its caches (trees, units, symbols) now live until the
+        # next edit. Keep them out of full GC passes, which would scan them on every request;
+        # they hold no reference cycles, so reference counting still frees them.
+        gc.freeze()
 
 
 server = HtamServer()
