@@ -18,6 +18,7 @@ import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -119,14 +120,42 @@ async def run_process(job: Job, argv: Sequence[str], on_event: OnEvent) -> tuple
 
 
 def kill_group(job: Job) -> bool:
-    """Kill the job's process group; False when it had already gone."""
+    """Kill the job's process group and the groups of all its descendants.
+
+    The evaluator runs each candidate in a worker with its own session, which a kill
+    of the job's group alone would leave running. False when the job had already gone.
+    """
     if job.pid is None:
         return False
-    try:
-        os.killpg(job.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+    groups = {job.pid}
+    for pid in descendants(job.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            groups.add(os.getpgid(pid))
+    killed = False
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+            killed = True
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
+
+
+def descendants(root: int) -> list[int]:
+    """Every live descendant of `root`, from /proc (empty where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    found, stack = [], list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
 
 
 def _event(raw: bytes) -> dict[str, Any] | None:

@@ -6,7 +6,6 @@ refusal) -> apply -> hover shows the rationale; and a cancelled step leaves no w
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,12 @@ import pytest
 import pytest_lsp
 from fixtures.lsp.lspkit import (
     CLIENTS,
+    HOME,
     REPO,
     apply_edits,
     find,
     initialize,
+    live_processes,
     open_file,
     server_config,
     wait_until,
@@ -127,7 +128,15 @@ async def test_cancel_kills_the_worker(client: LanguageClient, task: Path):
         lambda: next((s for s in client.states if s["jobId"] == job_id and s["pid"]), None)
     )
     pid = running["pid"]
-    os.killpg(pid, 0)  # the worker's process group is alive
+
+    def workers() -> list[int]:  # evaluation workers run in sessions of their own
+        return live_processes(lambda _, cmd: "htam_engine.evaluate.worker" in cmd and HOME in cmd)
+
+    def group() -> list[int]:
+        return live_processes(lambda pgid, _: pgid == pid)
+
+    assert group()
+    await wait_until(workers, timeout=120)  # cancel while a candidate is being evaluated
     if client.spec == "visual-studio-code":  # type: ignore[attr-defined]
         client.window_work_done_progress_cancel(
             t.WorkDoneProgressCancelParams(f"{job_id}-progress")
@@ -138,8 +147,7 @@ async def test_cancel_kills_the_worker(client: LanguageClient, task: Path):
         )
     final = await wait_until(lambda: _final(client, job_id), timeout=30)
     assert final["state"] == "cancelled"
-    with pytest.raises(ProcessLookupError):
-        os.killpg(pid, 0)
+    await wait_until(lambda: not group() and not workers(), timeout=3)
 
 
 def _json(position: t.Position) -> dict[str, int]:
