@@ -24,7 +24,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 LINE_LIMIT = 32 * 1024 * 1024  # a step event carries the whole candidate source
-NICENESS = 10
+NICENESS = 19  # batch work: the editor wins any contention; idle CPUs still go to the job
 TERMINAL = ("done", "failed", "cancelled", "refused")
 _ids = itertools.count(1)
 
