@@ -121,11 +121,6 @@ def best_speedup(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return max(measured, key=lambda s: s["speedup"]) if measured else None
 
 
-def last_decision(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    history = (record or {}).get("history", [])
-    return history[-1] if history else None
-
-
 class SuggestionStore:
     """Records in the shared memory store, with an in-process cache (reads are hot).
 
