@@ -47,7 +47,7 @@ torch::Tensor linear_relu_forward(torch::Tensor x, torch::Tensor w, torch::Tenso
 }
 """
 
-CPP_DECL = "torch::Tensor linear_relu_forward(torch::Tensor x, torch::Tensor w, torch::Tensor bias);"
+CPP_DECL = "torch::Tensor linear_relu_forward(torch::Tensor x, torch::Tensor w, torch::Tensor b);"
 
 _module = load_inline(
     name="htam_linear_relu_naive",
