@@ -6,10 +6,11 @@ with the CUDA grammar, a superset of the C++ one.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import tree_sitter_cuda
 import tree_sitter_python
@@ -196,9 +197,16 @@ def embedded_sources(python_source: str | bytes) -> list[Embedded]:
     return sorted(found.values(), key=lambda e: e.start_byte)
 
 
+@lru_cache(maxsize=4)
+def _line_starts(data: bytes) -> list[int]:
+    """Byte offset of every line's start; computed once per text, not once per unit."""
+    return [0, *(m.end() for m in re.finditer(b"\n", data))]
+
+
 def _point(data: bytes, offset: int) -> tuple[int, int]:
-    row = data.count(b"\n", 0, offset)
-    return row, offset - (data.rfind(b"\n", 0, offset) + 1)
+    starts = _line_starts(data)
+    row = bisect.bisect_right(starts, offset) - 1
+    return row, offset - starts[row]
 
 
 def flag_values(python_source: str | bytes, keyword: str) -> list[str]:
@@ -335,14 +343,14 @@ def _unit(node: Node, name: str, kind: str, language: str, offset: int, data: by
 
 
 def _cxx_kernels(source: bytes, language: str, offset: int, data: bytes) -> list[KernelUnit]:
-    root = parse(source, language).root_node
+    fns = functions(parse(source, language).root_node)
     launchers: dict[str, list[str]] = {}
-    for fn in functions(root):
+    for fn in fns:
         for call in launches(fn):
             target = text(call.child_by_field_name("function"))
             launchers.setdefault(target, []).append(function_name(fn))
     units = []
-    for fn in functions(root):
+    for fn in fns:
         name = function_name(fn)
         kind = "global" if is_global(fn) else "host"
         unit = _unit(fn, name, kind, language, offset, data)

@@ -94,7 +94,7 @@ def _check_reference(path: Path, source: str) -> None:
         raise TaskError(f"{path} is not a KernelBench reference: missing {', '.join(missing)}")
 
 
-def _toml_binding(impl: Path) -> dict[str, str]:
+def toml_binding(impl: Path) -> dict[str, str]:
     """The `[[kernel]]` entry for `impl` in the nearest `htam.toml` above it, if any."""
     for folder in impl.resolve().parents:
         config = folder / "htam.toml"
@@ -121,7 +121,7 @@ def load_task(path: str | Path) -> Task:
     if binding.get("reference"):
         binding["reference"] = str(impl.parent / binding["reference"])
     else:
-        binding = _toml_binding(impl) or binding
+        binding = toml_binding(impl) or binding
     if not binding.get("reference"):
         if kind == "cu":
             raise TaskError(

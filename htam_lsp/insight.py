@@ -52,7 +52,7 @@ def binding(doc: Document) -> dict[str, str]:
 
 
 def _binding(doc: Document) -> dict[str, str]:
-    from htam_engine.task import _toml_binding, parse_directive
+    from htam_engine.task import parse_directive, toml_binding
 
     head = doc.source[:DIRECTIVE_BYTES].decode("utf-8", "replace")
     found = parse_directive(head)
@@ -62,7 +62,7 @@ def _binding(doc: Document) -> dict[str, str]:
     if path is None:
         return {}
     try:
-        return _toml_binding(Path(path))
+        return toml_binding(Path(path))
     except Exception:  # a broken htam.toml must not break the editor; `htam` reports it
         return {}
 
