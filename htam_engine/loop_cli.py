@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -121,6 +122,7 @@ def _run_interruptibly(optimizer: Any, console: Console) -> Any:
             box["error"] = error
 
     thread = threading.Thread(target=target, name="htam-loop", daemon=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops as cleanly as Ctrl-C
     thread.start()
     try:
         while thread.is_alive():
@@ -134,6 +136,10 @@ def _run_interruptibly(optimizer: Any, console: Console) -> Any:
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 class _Display:
