@@ -425,7 +425,10 @@ async def explain(ls: HtamServer, *args: Any) -> dict[str, Any]:
 @server.command("htam.showMemory")
 @guarded()
 async def show_memory(ls: HtamServer, *args: Any) -> dict[str, Any]:
-    backend = _argument(args).get("backend", "cuda")
+    """The memory of `backend`, else of the open document's backend (`uri`), else cuda."""
+    arg = _argument(args)
+    default = insight.backend(ls.document(arg["uri"])) if arg.get("uri") else "cuda"
+    backend = arg.get("backend", default)
     if backend not in ("cuda", "cpu"):
         raise JsonRpcInvalidParams("HTAM: backend must be 'cuda' or 'cpu'")
     return actions.memory_summary(ls.graph(backend))

@@ -188,6 +188,12 @@ async def test_explain_and_show_memory_commands(client: LanguageClient):
     )
     assert memory["memory"]["backend"] == "cpu"
     assert memory["memory"]["directions"] and "| direction |" in memory["markdown"]
+    cpu_uri = open_file(client, REPO / "examples" / "softmax" / "cpu_naive.py", "python")
+    for open_uri, backend in ((cpu_uri, "cpu"), (uri, "cuda")):
+        shown = await client.workspace_execute_command_async(
+            t.ExecuteCommandParams("htam.showMemory", [{"uri": open_uri}])
+        )
+        assert shown["memory"]["backend"] == backend  # the open kernel's own memory
 
 
 async def test_actions_say_why_strategies_cannot_run(client: LanguageClient):
