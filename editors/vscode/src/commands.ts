@@ -51,7 +51,8 @@ export function commandArguments(
     case "htam.cancel":
       return [context.jobId ? { jobId: context.jobId } : {}];
     case "htam.showMemory":
-      return [{}];
+      // The server shows the memory of the open kernel's backend (cuda or cpu).
+      return [context.uri ? { uri: context.uri } : {}];
     default:
       return args;
   }

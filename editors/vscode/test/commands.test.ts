@@ -43,6 +43,9 @@ test("cancel and show memory need no editor", () => {
   ]);
   assert.deepEqual(commandArguments("htam.cancel", [], { steps: 6 }), [{}]);
   assert.deepEqual(commandArguments("htam.showMemory", [], { steps: 6 }), [{}]);
+  assert.deepEqual(commandArguments("htam.showMemory", [], { uri: "file:///k.py", steps: 6 }), [
+    { uri: "file:///k.py" },
+  ]);
 });
 
 test("the steps input accepts 1 to 100 whole steps", () => {

@@ -286,7 +286,9 @@ function M.memory(backend)
   if not client then
     return
   end
-  local args = (backend and backend ~= '') and { backend = backend } or vim.empty_dict()
+  -- Without a backend the server shows the one of the current buffer's kernel.
+  local args = (backend and backend ~= '') and { backend = backend }
+    or { uri = vim.uri_from_bufnr(0) }
   execute(client, 'htam.showMemory', { args }, function(result)
     if type(result) == 'table' and type(result.markdown) == 'string' then
       ui.scratch('htam://memory', result.markdown)
