@@ -8,11 +8,15 @@ from htam_engine.evaluate.excerpt import around, line_from_log
 from htam_engine.evaluate.static import static_checks
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+REPO = Path(__file__).resolve().parent.parent
 REFERENCE = (FIXTURES / "reference.py").read_text()
 
 
 def failed(name: str) -> list[str]:
-    source = (FIXTURES / name).read_text()
+    return failed_source((FIXTURES / name).read_text())
+
+
+def failed_source(source: str) -> list[str]:
     return [check.name for check in static_checks(source, "py", REFERENCE) if not check.passed]
 
 
@@ -33,6 +37,19 @@ def test_honest_candidate_passes_every_static_check():
 )
 def test_static_check_names_the_hack(fixture, check):
     assert check in failed(fixture)
+
+
+def test_torch_modules_may_build_parameters_in_init_but_not_compute():
+    """KernelBench candidates build weights as the reference does (same seed, same values)."""
+    source = (REPO / "examples" / "linear_relu" / "cpu_naive.py").read_text()
+    assert "nn.Linear(" in source
+    assert "static.torch_compute" not in failed_source(source)
+    computing = source.replace(
+        "def forward(self, x: torch.Tensor) -> torch.Tensor:",
+        "def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+        "        return torch.relu(self.linear(x))",
+    )
+    assert "static.torch_compute" in failed_source(computing)
 
 
 def test_reference_use_and_side_streams_are_flagged():

@@ -22,7 +22,16 @@ from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.paths import subdir
 from htam_engine.task import Task
 
-EVALUATOR_VERSION = "1"
+
+def evaluator_version() -> str:
+    """Hash of the evaluator's own code: a change of rules (a new check, a tolerance)
+    must never be answered by a verdict the old rules gave."""
+    package = Path(__file__).parent
+    files = sorted(package.glob("*.py")) + [package.parent / "kernels.py"]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _version(package: str) -> str:
@@ -56,7 +65,7 @@ def fingerprint() -> str:
     """What a timing or a verdict depends on besides the code."""
     return "|".join(
         [
-            EVALUATOR_VERSION,
+            evaluator_version(),
             sys.version,
             _version("torch"),
             _hardware(),

@@ -103,9 +103,17 @@ def _forward_nodes(tree: ast.Module) -> Iterator[ast.AST]:
             yield from ast.walk(node)
 
 
+def _compute_nodes(tree: ast.Module) -> Iterator[ast.AST]:
+    """Every node in `ModelNew`'s methods but `__init__`, where building parameters with
+    torch modules (as the reference does, for identical weights) is no computation."""
+    for node in _forward_nodes(tree):
+        if isinstance(node, ast.FunctionDef) and node.name != "__init__":
+            yield from ast.walk(node)
+
+
 def _torch_compute(tree: ast.Module) -> str:
     calls = []
-    for node in _forward_nodes(tree):
+    for node in _compute_nodes(tree):
         if isinstance(node, ast.Call):
             chain = _attr_chain(node.func)
             if len(chain) >= 2 and chain[0] in _TORCH_ROOTS and chain[-1] not in ALLOWED_TORCH:
