@@ -241,6 +241,35 @@ def test_local_selector_prefers_applicable_mechanical_and_explains_blocked() -> 
         EvidenceLocalSelector().choose(graph, "memory_access", state(), everything)
 
 
+def test_evidence_overtakes_the_mechanical_tie_break() -> None:
+    """Mechanical strategies only break ties: what the memory learned decides."""
+    graph = load_seed("cuda")
+    prefix = [START] * 3
+    for local, speedup in [("restrict_const", 0.9), ("coalesced_indexing", 1.6)] * 3:
+        status = "improved" if speedup > 1 else "not_improved"
+        graph.apply_outcome(
+            Outcome(
+                "cuda",
+                "cuda:other:f32",
+                prefix,
+                [1 / 3] * 3,
+                "memory_access",
+                local,
+                status,
+                True,
+                True,
+                speedup,
+                1.0,
+                reward(status, speedup),
+                "code",
+            )
+        )
+    untagged = state(features=set())  # no tag favours either strategy
+    decision = EvidenceLocalSelector().choose(graph, "memory_access", untagged, {})
+    assert decision.local_id == "coalesced_indexing"
+    assert not graph.locals["coalesced_indexing"].mechanical
+
+
 def test_reward_is_log_speedup_when_correct_and_a_penalty_otherwise() -> None:
     assert reward("improved", 2.0) == pytest.approx(math.log(2.0))
     assert reward("not_improved", 0.5) < 0 < reward("improved", 1.1)

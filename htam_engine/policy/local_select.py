@@ -10,7 +10,9 @@ from typing import Any, Protocol
 from htam_engine.memory.model import Graph, LocalNode
 from htam_engine.state import State
 
-MECHANICAL_BONUS = 1.0
+# A tie-breaker (deterministic and cheap strategies first), not a preference: at 1.0 it
+# outweighed every learned utility and the ranking never learned (benchmarks/README.md).
+MECHANICAL_BONUS = 0.05
 N0 = 3.0
 
 
