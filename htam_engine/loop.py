@@ -43,6 +43,10 @@ TRAJECTORIES = "trajectories"
 UNRUNNABLE = {"no_gpu", "cancelled"}
 
 
+class RunStopped(Exception):
+    """The run cannot go on for a reason unrelated to any strategy (e.g. cancelled)."""
+
+
 @dataclass
 class LoopConfig:
     steps: int = 6
@@ -183,6 +187,9 @@ class Optimizer:
             except LLMError as error:  # not the strategy's fault: learn nothing, stop
                 self.result.stopped = f"LLM failed: {error}"
                 break
+            except RunStopped as stop:
+                self.result.stopped = str(stop)
+                break
             if record is None:
                 self.result.stopped = "no applicable strategy"
                 break
@@ -210,6 +217,8 @@ class Optimizer:
             status, speedup_vs_best = "no_code", None
         else:
             verdict = self._evaluate(step, candidate, g, local.local_id)
+            if verdict.error and verdict.error.kind in UNRUNNABLE:
+                raise RunStopped(verdict.error.kind)  # says nothing about the strategy
             verdict_json = verdict.to_json()
             status, speedup_vs_best = self._status(verdict)
             if status == "improved":

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,32 @@ def test_llm_run_records_and_replays(task: Path, tmp_path: Path) -> None:
     assert [(s["global"], s["local"], s["status"]) for s in replayed["steps"]] == pairs
     assert all(s["verdict"]["cached"] for s in replayed["steps"])
     assert attempts(replay_home) == attempts(home)
+
+
+def test_cancel_mid_step_learns_nothing(task: Path, tmp_path: Path) -> None:
+    from htam_engine.loop import LoopConfig, Optimizer
+    from htam_engine.memory import MemoryStore
+    from htam_engine.task import load_task
+
+    cancel = threading.Event()
+
+    def emit(event: dict[str, Any]) -> None:
+        if event["event"] == "phase" and event["step"] == 1 and event["phase"] == "verify":
+            cancel.set()  # the candidate is being evaluated in its worker now
+
+    loaded = load_task(task)
+    store = MemoryStore(tmp_path / "home")
+    optimizer = Optimizer(
+        loaded,
+        loaded.impl_source or "",
+        provider=None,
+        store=store,
+        config=LoopConfig(steps=3, device="cpu"),
+        emit=emit,
+        cancel=cancel,
+    )
+    result = optimizer.run()
+    assert result.stopped == "cancelled"
+    assert result.steps == []
+    graph = store.graph("cpu")
+    assert sum(node.stats.attempts for node in graph.locals.values()) == 0
