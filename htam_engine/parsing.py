@@ -88,7 +88,8 @@ def walk(node: Node) -> Iterator[Node]:
 
 
 def text(node: Node | None) -> str:
-    return "" if node is None or node.text is None else node.text.decode()
+    """The node's text; invalid UTF-8 (a user's broken file) becomes U+FFFD, never an error."""
+    return "" if node is None or node.text is None else node.text.decode(errors="replace")
 
 
 def has_errors(source: str | bytes, language: str) -> bool:
@@ -190,7 +191,7 @@ def embedded_sources(python_source: str | bytes) -> list[Embedded]:
                     start_byte=span[0],
                     end_byte=span[1],
                     start_point=_point(data, span[0]),
-                    text=data[span[0] : span[1]].decode(),
+                    text=data[span[0] : span[1]].decode(errors="replace"),
                     call=call_name(call),
                     call_start_byte=call.start_byte,
                 )
@@ -386,7 +387,7 @@ def _cxx_sources(source: bytes, backend: str) -> tuple[list[str], list[str] | No
     """(C++/CUDA texts to inspect, compiler flags or None for a raw source)."""
     embedded = embedded_sources(source)
     if not embedded:
-        return [source.decode()], None
+        return [source.decode(errors="replace")], None
     wanted = ("cuda", "cpp") if backend == "cuda" else ("cpp",)
     keyword = "extra_cuda_cflags" if backend == "cuda" else "extra_cflags"
     flags = flag_values(source, keyword)

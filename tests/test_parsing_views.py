@@ -185,3 +185,16 @@ def test_bad_language_and_backend_are_clear_errors() -> None:
         parsing.parse("fn main() {}", "rust")
     with pytest.raises(ValueError, match="unknown backend 'tpu'"):
         parsing.features("", "tpu")
+
+
+def test_invalid_utf8_never_raises() -> None:
+    """A user's broken file is parsed as far as it goes, never an exception."""
+    broken = (
+        (EXAMPLES / "softmax" / "cpu_naive.py")
+        .read_bytes()
+        .replace(b"float m = xr[0];", b"float m = xr[0]; // \xff\xfe")
+    )
+    sources = parsing.embedded_sources(broken)
+    assert sources and "\ufffd" in sources[0].text
+    assert any(k.name == "softmax_forward" for k in parsing.kernels(broken, "python"))
+    assert "loops" in parsing.features(broken, "cpu")
