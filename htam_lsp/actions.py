@@ -16,6 +16,7 @@ from htam_lsp import discovery, insight, render
 from htam_lsp import suggestions as sg
 from htam_lsp.discovery import Unit
 from htam_lsp.documents import Document
+from htam_lsp.protocol import Prerendered
 
 ACTION_KIND = "refactor.rewrite.htam"
 SOURCE = "htam"
@@ -43,31 +44,41 @@ def _detail(unit: Unit) -> str:
 # --- symbols ------------------------------------------------------------------------------
 
 
-def symbols(ls: Any, doc: Document) -> list[t.DocumentSymbol]:
-    """Kernel units as a hierarchy (units nested by range), cached per version."""
-    key = f"symbols:{ls.encoding}"
+def symbols(ls: Any, doc: Document) -> Prerendered:
+    """Kernel units as a hierarchy (units nested by range), built and serialized once per
+    version: JSON-ready dicts, since pygls would otherwise convert ~400 objects per request."""
+    encoding = ls.encoding
+    key = f"symbols:{encoding}"
     if key not in doc.cache:
-        roots: list[tuple[Unit, t.DocumentSymbol]] = []
-        stack: list[tuple[Unit, t.DocumentSymbol]] = []
-        for unit in sorted(discovery.units(doc), key=lambda u: (u.start_byte, -u.end_byte)):
-            symbol = t.DocumentSymbol(
-                name=unit.name or "<anonymous>",
-                detail=_detail(unit),
-                kind=_SYMBOL_KINDS.get(unit.kind, t.SymbolKind.Function),
-                range=ls.lsp_range(doc, unit.start_byte, unit.end_byte),
-                selection_range=ls.lsp_range(doc, unit.name_start, unit.name_end),
-                children=[],
-            )
-            while stack and stack[-1][0].end_byte < unit.end_byte:
-                stack.pop()
-            if stack:
-                stack[-1][1].children = [*(stack[-1][1].children or []), symbol]
-            else:
-                roots.append((unit, symbol))
-            stack.append((unit, symbol))
-        doc.cache[key] = [symbol for _unit, symbol in roots]
-    cached: list[t.DocumentSymbol] = doc.cache[key]
+        doc.cache[key] = Prerendered(_symbol_tree(doc, encoding))
+    cached: Prerendered = doc.cache[key]
     return cached
+
+
+def _symbol_tree(doc: Document, encoding: str) -> list[dict[str, Any]]:
+    roots: list[dict[str, Any]] = []
+    stack: list[tuple[Unit, dict[str, Any]]] = []
+    for unit in sorted(discovery.units(doc), key=lambda u: (u.start_byte, -u.end_byte)):
+        symbol = {
+            "name": unit.name or "<anonymous>",
+            "detail": _detail(unit),
+            "kind": int(_SYMBOL_KINDS.get(unit.kind, t.SymbolKind.Function)),
+            "range": _range_json(doc, unit.start_byte, unit.end_byte, encoding),
+            "selectionRange": _range_json(doc, unit.name_start, unit.name_end, encoding),
+        }
+        while stack and stack[-1][0].end_byte < unit.end_byte:
+            stack.pop()
+        if stack:
+            stack[-1][1].setdefault("children", []).append(symbol)
+        else:
+            roots.append(symbol)
+        stack.append((unit, symbol))
+    return roots
+
+
+def _range_json(doc: Document, start: int, end: int, encoding: str) -> dict[str, Any]:
+    (sl, sc), (el, ec) = doc.index.position(start, encoding), doc.index.position(end, encoding)
+    return {"start": {"line": sl, "character": sc}, "end": {"line": el, "character": ec}}
 
 
 # --- code lens ----------------------------------------------------------------------------
@@ -100,6 +111,14 @@ def _position_json(position: t.Position) -> dict[str, int]:
     return {"line": position.line, "character": position.character}
 
 
+def _text_hash(doc: Document) -> str:
+    """The document's hash, which matches suggestions to the text (cached per version)."""
+    if "text_hash" not in doc.cache:
+        doc.cache["text_hash"] = sg.text_hash(doc.data)
+    cached: str = doc.cache["text_hash"]
+    return cached
+
+
 # --- hover / explain ----------------------------------------------------------------------
 
 
@@ -107,7 +126,7 @@ def explain(ls: Any, doc: Document, unit: Unit) -> str:
     """The Markdown rationale of `unit` (hover and htam.explain)."""
     graph = ls.graph(insight.backend(doc))
     record = ls.records.get(doc.uri, unit.name)
-    current = sg.text_hash(doc.data)
+    current = _text_hash(doc)
     offered = sg.suggestions(record, current)
     diff = None
     if offered:
@@ -219,7 +238,7 @@ def binding_action(ls: Any, doc: Document, unit: Unit) -> t.CodeAction:
 def suggestion_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]:
     """One action per verified candidate strategy; the fastest preferred if it is faster."""
     graph = ls.graph(insight.backend(doc))
-    current = sg.text_hash(doc.data)
+    current = _text_hash(doc)
     offered = sg.suggestions(ls.records.get(doc.uri, unit.name), current)
     resolves_edit = "edit" in (
         ls.caps("text_document.code_action.resolve_support.properties") or []

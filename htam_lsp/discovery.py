@@ -82,12 +82,18 @@ def units(doc: Document) -> list[Unit]:
 def unit_at(doc: Document, offset: int) -> Unit | None:
     """The innermost kernel unit around a byte offset; else the document's model class,
     else its first kernel (commands sent without a position act on the whole task)."""
+    around = kernel_around(doc, offset)
+    if around is not None:
+        return around
     kernels = [u for u in units(doc) if u.is_kernel]
-    around = [u for u in kernels if u.start_byte <= offset <= u.end_byte]
-    if around:
-        return min(around, key=lambda u: u.end_byte - u.start_byte)
     candidates = [u for u in kernels if u.kind == "model"] or kernels
     return candidates[0] if candidates else None
+
+
+def kernel_around(doc: Document, offset: int) -> Unit | None:
+    """The innermost kernel unit whose range holds the byte offset, if any."""
+    around = [u for u in units(doc) if u.is_kernel and u.start_byte <= offset <= u.end_byte]
+    return min(around, key=lambda u: u.end_byte - u.start_byte) if around else None
 
 
 def _discover(doc: Document) -> list[Unit]:

@@ -26,6 +26,7 @@ from htam_lsp import suggestions as sg
 from htam_lsp.documents import Document, DocumentStore, uri_path
 from htam_lsp.jobs import TERMINAL, Job, kill_group, optimize_argv, run_process
 from htam_lsp.positions import UTF16
+from htam_lsp.protocol import HtamProtocol, Prerendered
 from htam_lsp.settings import Settings
 
 log = logging.getLogger("htam_lsp")
@@ -83,7 +84,10 @@ class HtamServer(LanguageServer):
     def __init__(self, home: Path | None = None) -> None:
         """`home`: the memory store's directory (None: the shared HTAM home)."""
         super().__init__(
-            "htam-lsp", __version__, text_document_sync_kind=t.TextDocumentSyncKind.Incremental
+            "htam-lsp",
+            __version__,
+            text_document_sync_kind=t.TextDocumentSyncKind.Incremental,
+            protocol_cls=HtamProtocol,
         )
         self.docs = DocumentStore()
         self.settings = Settings()
@@ -290,9 +294,10 @@ def did_close(ls: HtamServer, params: t.DidCloseTextDocumentParams) -> None:
 
 @server.feature(t.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
 @guarded(default=[])
-def document_symbol(ls: HtamServer, params: t.DocumentSymbolParams) -> list[t.DocumentSymbol]:
+def document_symbol(ls: HtamServer, params: t.DocumentSymbolParams) -> Prerendered:
+    """DocumentSymbol[] as pre-serialized JSON (see htam_lsp.protocol)."""
     doc = ls.docs.get(params.text_document.uri)
-    return actions.symbols(ls, doc) if doc is not None else []
+    return actions.symbols(ls, doc) if doc is not None else Prerendered([])
 
 
 @server.feature(t.TEXT_DOCUMENT_CODE_LENS)
@@ -308,15 +313,7 @@ def hover(ls: HtamServer, params: t.HoverParams) -> t.Hover | None:
     doc = ls.docs.get(params.text_document.uri)
     if doc is None:
         return None
-    offset = ls.offset(doc, params.position)
-    unit = next(
-        (
-            u
-            for u in sorted(discovery.units(doc), key=lambda u: u.end_byte - u.start_byte)
-            if u.is_kernel and u.start_byte <= offset <= u.end_byte
-        ),
-        None,
-    )
+    unit = discovery.kernel_around(doc, ls.offset(doc, params.position))
     if unit is None:
         return None
     markdown = actions.explain(ls, doc, unit)
