@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from itertools import accumulate
 
 UTF8, UTF16, UTF32 = "utf-8", "utf-16", "utf-32"
 _NEWLINE = re.compile(rb"\r\n|\r|\n")
@@ -40,8 +41,13 @@ class LineIndex:
 
     def __init__(self, data: bytes) -> None:
         self.data = data
-        self.starts = [0] + [m.end() for m in _NEWLINE.finditer(data)]
-        self._ends = [m.start() for m in _NEWLINE.finditer(data)] + [len(data)]
+        if b"\r" in data:
+            breaks = [(m.start(), m.end()) for m in _NEWLINE.finditer(data)]
+            self.starts = [0] + [end for _start, end in breaks]
+            self._ends = [start for start, _end in breaks] + [len(data)]
+        else:  # the common case, without a regex match object per line (rebuilt per edit)
+            self.starts = [0, *accumulate(len(line) + 1 for line in data.split(b"\n")[:-1])]
+            self._ends = [start - 1 for start in self.starts[1:]] + [len(data)]
 
     @property
     def line_count(self) -> int:
@@ -86,4 +92,6 @@ class LineIndex:
         if encoding == UTF8:
             return line, column
         prefix = self.data[self.starts[line] : self.starts[line] + column]
+        if prefix.isascii():  # one unit per byte in every encoding
+            return line, column
         return line, _units(decode(prefix), encoding)

@@ -27,6 +27,28 @@ def test_positions_in_each_encoding_round_trip():
     assert index.offset(99, 0, UTF8) == len(encode(LINE))
 
 
+@given(st.text(alphabet="ab é𝛼\r\n", max_size=40))
+def test_line_index_agrees_with_splitlines_and_round_trips(text: str):
+    """bytes.splitlines ends lines where LSP does (\\n, \\r\\n, \\r); with or without \\r
+    the index takes a different path, and both must agree with it."""
+    data = encode(text)
+    index = LineIndex(data)
+    lines = data.splitlines(keepends=True) or [b""]
+    if data.endswith((b"\n", b"\r")):
+        lines.append(b"")
+    assert index.line_count == len(lines)
+    assert [index.line_bytes(i) for i in range(len(lines))] == [
+        line.rstrip(b"\r\n") for line in lines
+    ]
+    for offset in range(len(data) + 1):
+        if offset < len(data) and (data[offset] & 0xC0) == 0x80:
+            continue  # inside a UTF-8 sequence: not a position
+        for encoding in (UTF8, UTF16, UTF32):
+            line, character = index.position(offset, encoding)
+            if data[offset - 1 : offset + 1] != b"\r\n":  # not between \r and \n
+                assert index.offset(line, character, encoding) == offset
+
+
 @given(st.text(max_size=60), st.text(max_size=60))
 def test_minimal_change_rebuilds_the_new_text(old: str, new: str):
     a, b = encode(old), encode(new)
