@@ -34,8 +34,7 @@ import math
 import random
 import statistics
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,6 @@ from htam_engine.memory import START, Graph, Outcome, load_seed
 from htam_engine.policy import (
     EvidenceLocalSelector,
     PolicyConfig,
-    local_select,
     prefix_weights,
     reward,
     select_global,
@@ -74,7 +72,6 @@ TRANSFER_ARMS = ("htam", "flat", "greedy")
 SHARED_FAMILY_SD = 0.05  # transfer is also measured where families share more structure
 # Diagnostic arm: HTAM whose local ranking drops the bonus for mechanical strategies
 # (every strategy is implementable here, as with an LLM); see README "Findings".
-DIAGNOSTIC = "htam_no_mech_bonus"
 Z95 = 1.96
 
 
@@ -258,23 +255,10 @@ def _feedback_tag(status: str) -> str:
     return {"not_improved": "slower"}.get(status, status)
 
 
-@contextmanager
-def _no_mechanical_bonus() -> Iterator[None]:
-    saved = local_select.MECHANICAL_BONUS
-    local_select.MECHANICAL_BONUS = 0.0
-    try:
-        yield
-    finally:
-        local_select.MECHANICAL_BONUS = saved
-
-
 def run_arm(
     arm: str, world: World, tasks: Sequence[SimTask], steps: int, seed: int, graph: Graph | None
 ) -> tuple[list[TaskResult], Graph]:
     """Every task in order with one memory that persists across them (online)."""
-    if arm == DIAGNOSTIC:
-        with _no_mechanical_bonus():
-            return run_arm("htam", world, tasks, steps, seed, graph)
     graph = graph or load_seed(world.config.backend)
     results = [
         run_task(arm, graph, world, task, steps, random.Random(f"policy:{seed}:{task.seed}"))
@@ -318,7 +302,7 @@ def paired(a: Sequence[TaskResult], b: Sequence[TaskResult]) -> dict[str, float]
 
 
 def compare_arms(world: World, tasks: Sequence[SimTask], steps: int, seed: int) -> dict[str, Any]:
-    per_arm = {arm: run_arm(arm, world, tasks, steps, seed, None)[0] for arm in (*ARMS, DIAGNOSTIC)}
+    per_arm = {arm: run_arm(arm, world, tasks, steps, seed, None)[0] for arm in ARMS}
     return {
         "arms": {arm: summarize(res, steps) for arm, res in per_arm.items()},
         "htam_minus": {arm: paired(per_arm["htam"], res) for arm, res in per_arm.items()},
@@ -369,13 +353,10 @@ def robustness(config: EnvConfig, world_seeds: Sequence[int], n: int, steps: int
     for ws in world_seeds:
         world = make_world(config, ws)
         tasks = make_tasks(world, range(config.n_families), [ws * 100_000 + i for i in range(n)])
-        per = {
-            a: run_arm(a, world, tasks, steps, ws, None)[0] for a in ("htam", "flat", DIAGNOSTIC)
-        }
+        per = {a: run_arm(a, world, tasks, steps, ws, None)[0] for a in ("htam", "flat")}
         out[str(ws)] = {
             **{a: mean_ci([r.best_log for r in res]) for a, res in per.items()},
             "htam_minus_flat": paired(per["htam"], per["flat"]),
-            "diagnostic_minus_flat": paired(per[DIAGNOSTIC], per["flat"]),
         }
     return out
 
@@ -446,12 +427,7 @@ def markdown(out: dict[str, Any]) -> str:
                 f"{_ci(s['steps_to_threshold'], '{:.2f}')} | {_ci(s['correct_rate'], '{:.2f}')} | "
                 f"{_ci(cmp['htam_minus'][arm]) if arm != 'htam' else '-'} |"
             )
-        lines += [
-            "",
-            verdict(cmp["htam_minus"]["flat"]),
-            f"({DIAGNOSTIC} is a diagnostic, not an arm: EvidenceLocalSelector without its "
-            "bonus for mechanical strategies.)",
-        ]
+        lines += ["", verdict(cmp["htam_minus"]["flat"])]
         lines += [
             "",
             "Transfer (best log speedup on held-out families; warm = learned on the others;"
@@ -483,13 +459,13 @@ def markdown(out: dict[str, Any]) -> str:
             "",
             "Other hidden worlds (same settings, other world seeds):",
             "",
-            f"| world seed | htam | flat | htam - flat | {DIAGNOSTIC} - flat |",
-            "| --- | --- | --- | --- | --- |",
+            "| world seed | htam | flat | htam - flat |",
+            "| --- | --- | --- | --- |",
         ]
         for ws, row in res["other_worlds"].items():
             lines.append(
                 f"| {ws} | {_ci(row['htam'])} | {_ci(row['flat'])} | "
-                f"{_ci(row['htam_minus_flat'])} | {_ci(row['diagnostic_minus_flat'])} |"
+                f"{_ci(row['htam_minus_flat'])} |"
             )
     return "\n".join(lines)
 

@@ -137,7 +137,7 @@ def test_command_writes_json_and_markdown(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     arms = data["backends"]["cpu"]["comparison"]["arms"]
-    assert set(arms) == {*sim.ARMS, sim.DIAGNOSTIC}
+    assert set(arms) == set(sim.ARMS)
     for summary in arms.values():
         ci = summary["best_log"]
         assert ci["lo"] <= ci["mean"] <= ci["hi"]

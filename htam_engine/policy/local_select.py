@@ -10,9 +10,6 @@ from typing import Any, Protocol
 from htam_engine.memory.model import Graph, LocalNode
 from htam_engine.state import State
 
-# A tie-breaker (deterministic and cheap strategies first), not a preference: at 1.0 it
-# outweighed every learned utility and the ranking never learned (benchmarks/README.md).
-MECHANICAL_BONUS = 0.05
 N0 = 3.0
 
 
@@ -62,7 +59,9 @@ class EvidenceLocalSelector:
             for lid, _, _ in scored
             if applicable.get(lid) is not None
         ]
-        usable.sort(key=lambda item: (-item[1], item[0]))
+        # Mechanical (deterministic, cheap) strategies first only among equal scores: as a
+        # score bonus it outweighed every learned utility (benchmarks/README.md, simulation).
+        usable.sort(key=lambda item: (-item[1], not graph.locals[item[0]].mechanical, item[0]))
         ranking = usable + sorted(blocked)
         if not usable:
             reasons = "; ".join(f"{lid}: {applicable[lid]}" for lid, _, _ in scored)
@@ -78,7 +77,7 @@ class EvidenceLocalSelector:
         best = node.evidence_positive[0].speedup if node.evidence_positive else None
         evidence = math.log(best) if best and best > 0 else 0.0
         failed_here = sum(e.task_signature == state.task_signature for e in node.evidence_negative)
-        score = (MECHANICAL_BONUS if node.mechanical else 0.0) + utility + 0.5 * match
+        score = utility + 0.5 * match
         score += 0.2 * evidence - 0.5 * failed_here
         parts = ["mechanical" if node.mechanical else "needs an LLM"]
         if matches:
