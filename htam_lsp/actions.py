@@ -7,7 +7,8 @@ server state; `ls` is the `HtamServer` (typed loosely to avoid an import cycle).
 from __future__ import annotations
 
 import difflib
-from pathlib import PurePosixPath
+import os
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from lsprotocol import types as t
@@ -339,13 +340,24 @@ def blocked_reasons(ls: Any, doc: Document) -> dict[str, str]:
         reasons["all"] = "execution is not allowed: trust this workspace or opt in (allowExecution)"
     elif insight.backend(doc) == "cuda" and not insight.has_gpu():
         reasons["all"] = "no GPU on this machine: CUDA candidates cannot be verified or timed"
-    offline = ls.settings.provider == "offline" or (
-        ls.provider is not None and ls.provider.get("provider") == "offline"
-    )
-    if offline:
-        why = (ls.provider or {}).get("provider_reason", "provider is offline")
+    provider, why = _provider(ls)
+    if provider == "offline":
         reasons["llm"] = f"no LLM configured: mechanical strategies only ({why})"
     return reasons
+
+
+def _provider(ls: Any) -> tuple[str, str]:
+    """The provider a step would use: the last job's word, else the settings and the
+    server's environment (where editors put API keys), read without loading any SDK."""
+    if ls.provider is not None:
+        return ls.provider.get("provider", ""), ls.provider.get("provider_reason", "")
+    settings = ls.settings
+    if settings.provider != "auto":
+        return settings.provider, f"provider setting is {settings.provider}"
+    from htam_engine.llm.choice import choose_provider
+
+    cassette = Path(settings.cassette) if settings.cassette else None
+    return choose_provider(settings.base_url, cassette, os.environ)
 
 
 # --- memory -------------------------------------------------------------------------------

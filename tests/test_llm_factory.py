@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,14 @@ def test_offline_explicit() -> None:
 def test_misconfiguration_is_a_clear_error(name: str, message: str) -> None:
     with pytest.raises(LLMError, match=message):
         make_provider(name, env={})
+
+
+def test_provider_choice_loads_no_sdk() -> None:
+    """The language server asks which provider would run without paying for the SDKs."""
+    code = (
+        "import sys, htam_engine.llm.choice as c\n"
+        "print(c.choose_provider(None, None, {})[0])\n"
+        "print(sorted({'anthropic', 'openai', 'tiktoken'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["offline", "[]"]

@@ -224,3 +224,21 @@ async def test_actions_say_why_strategies_cannot_run(client: LanguageClient):
     assert any("no LLM configured" in r for r in reasons)
     assert any(a.title.startswith(run) for a in cuda) == has_gpu()
     assert any("no GPU" in r for r in reasons) == (not has_gpu())
+
+
+async def test_auto_provider_without_keys_says_mechanical_only(client: LanguageClient):
+    """Before any job has run, the server reads the environment the way a step would."""
+    spec = client.spec  # type: ignore[attr-defined]
+    if spec == "neovim":
+        pytest.skip("Neovim 0.11 does not support disabled code actions")
+    await initialize(client, spec, {"allowExecution": True})  # provider: auto
+    uri = open_file(client, REPO / "examples" / "softmax" / "cpu_naive.py", "python")
+    found = await client.text_document_code_action_async(
+        t.CodeActionParams(
+            t.TextDocumentIdentifier(uri),
+            t.Range(t.Position(3, 0), t.Position(3, 0)),
+            t.CodeActionContext(diagnostics=[]),
+        )
+    )
+    reasons = [a.disabled.reason for a in found or [] if isinstance(a, t.CodeAction) and a.disabled]
+    assert any("no API key or base URL in the environment" in r for r in reasons), reasons

@@ -1,28 +1,52 @@
 """LLM providers (anthropic, openai-compatible, replay; offline = None), prompts,
-answer extraction and token counting."""
+answer extraction and token counting.
 
-from htam_engine.llm.base import Completion, LLMError, Provider, Usage, redact, register_secret
-from htam_engine.llm.extract import extract_code, extract_json
-from htam_engine.llm.factory import DEFAULT_MODELS, PROVIDERS, make_provider
-from htam_engine.llm.prices import PriceTable, load_prices
-from htam_engine.llm.prompts import generation_prompt, local_selection_prompt
-from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider, RetryPolicy
-from htam_engine.llm.replay import Recorder, ReplayProvider
-from htam_engine.llm.tokens import count_tokens, tokenizer_name, truncate_tokens
+Names are loaded on first use: the SDKs take seconds to import, and the language server
+imports `htam_engine.llm.choice` (which provider would run, and why) without them.
+"""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from htam_engine.llm.base import Completion, LLMError, Provider, Usage, redact, register_secret
+    from htam_engine.llm.choice import DEFAULT_MODELS, PROVIDERS, choose_provider
+    from htam_engine.llm.extract import extract_code, extract_json
+    from htam_engine.llm.factory import make_provider
+    from htam_engine.llm.prices import PriceTable, load_prices
+    from htam_engine.llm.prompts import generation_prompt, local_selection_prompt
+    from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider, RetryPolicy
+    from htam_engine.llm.replay import Recorder, ReplayProvider
+    from htam_engine.llm.tokens import count_tokens, tokenizer_name, truncate_tokens
+
+_HOME = {
+    "base": ["Completion", "LLMError", "Provider", "Usage", "redact", "register_secret"],
+    "choice": ["DEFAULT_MODELS", "PROVIDERS", "choose_provider"],
+    "extract": ["extract_code", "extract_json"],
+    "factory": ["make_provider"],
+    "prices": ["PriceTable", "load_prices"],
+    "prompts": ["generation_prompt", "local_selection_prompt"],
+    "remote": ["AnthropicProvider", "OpenAIProvider", "RetryPolicy"],
+    "replay": ["Recorder", "ReplayProvider"],
+    "tokens": ["count_tokens", "tokenizer_name", "truncate_tokens"],
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
-    "DEFAULT_MODELS",
-    "PROVIDERS",
     "AnthropicProvider",
     "Completion",
+    "DEFAULT_MODELS",
     "LLMError",
     "OpenAIProvider",
+    "PROVIDERS",
     "PriceTable",
     "Provider",
     "Recorder",
     "ReplayProvider",
     "RetryPolicy",
     "Usage",
+    "choose_provider",
     "count_tokens",
     "extract_code",
     "extract_json",
@@ -35,3 +59,10 @@ __all__ = [
     "tokenizer_name",
     "truncate_tokens",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -5,44 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from htam_engine.llm.base import LLMError, Provider
 from htam_engine.llm.cache import ResponseCache
+from htam_engine.llm.choice import DEFAULT_MODELS, PROVIDERS, choose_provider, show_url
 from htam_engine.llm.prices import load_prices
 from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider, RetryPolicy
 from htam_engine.llm.replay import Recorder, ReplayProvider
 
-PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
-DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-4o-mini"}
 # Local OpenAI-compatible servers (vLLM, Ollama, llama.cpp) accept any key; the SDK needs one.
 NO_KEY = "no-key"
-
-
-def _show_url(url: str) -> str:
-    """A base URL without any user:password part, for the reason line."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def _auto(base_url: str | None, cassette: Path | None, env: Mapping[str, str]) -> tuple[str, str]:
-    """(provider name, why) for `--provider auto`."""
-    if cassette is not None:
-        return "replay", "a cassette was given"
-    if base_url:
-        return "openai", "a base URL was given"
-    if env.get("ANTHROPIC_API_KEY"):
-        return "anthropic", "ANTHROPIC_API_KEY is set"
-    if env.get("OPENAI_API_KEY"):
-        return "openai", "OPENAI_API_KEY is set"
-    if env.get("HTAM_LLM_BASE_URL"):
-        return "openai", "HTAM_LLM_BASE_URL is set"
-    if env.get("HTAM_CASSETTE"):
-        return "replay", "HTAM_CASSETTE is set"
-    return "offline", "no API key or base URL in the environment"
 
 
 def _remote(
@@ -93,7 +65,7 @@ def make_provider(
     cassette_path = Path(cassette) if cassette else None
     why = f"--provider {name}"
     if name == "auto":
-        name, why = _auto(base_url, cassette_path, env)
+        name, why = choose_provider(base_url, cassette_path, env)
     if name == "offline":
         return None, f"offline: mechanical strategies only ({why})"
     provider: Provider
@@ -109,7 +81,7 @@ def make_provider(
         base_url = base_url or (env.get("HTAM_LLM_BASE_URL") if name == "openai" else None)
         chosen = model or env.get("HTAM_LLM_MODEL") or DEFAULT_MODELS[name]
         provider = _remote(name, chosen, base_url, env, cache, retry)
-        where = f" at {_show_url(base_url)}" if base_url else ""
+        where = f" at {show_url(base_url)}" if base_url else ""
         line = f"{name} {chosen}{where} ({why})"
     if record:
         provider = Recorder(provider, Path(record))
