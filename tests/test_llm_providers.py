@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
@@ -239,6 +240,16 @@ def test_record_then_replay_without_server(kind: str, tmp_path: Path) -> None:
     assert replay.complete("sys", "measured 1.23 ms").text == "answer A"  # sequential fallback
     with pytest.raises(LLMError, match="no answer left"):
         replay.complete("sys", "prompt A")
+
+
+def test_replay_falls_back_to_an_answer_of_the_same_purpose(tmp_path: Path) -> None:
+    cassette = tmp_path / "run.jsonl"
+    entries = [("local", '{"local": "x"}'), ("generate", "```python\ncode\n```")]
+    cassette.write_text("".join(json.dumps({"purpose": p, "text": t}) + "\n" for p, t in entries))
+    replay, _ = make_provider("replay", cassette=cassette, env={})
+    assert replay is not None
+    assert replay.complete("sys", "new prompt", purpose="generate").text.startswith("```")
+    assert replay.complete("sys", "other prompt", purpose="local").text == '{"local": "x"}'
 
 
 def test_bad_cassettes_are_clear_errors(tmp_path: Path) -> None:

@@ -42,7 +42,8 @@ def _read_cassette(path: Path) -> list[dict[str, Any]]:
 
 class ReplayProvider(Provider):
     """Answers from a cassette: the unused entry with the same prompt hash, else the next
-    unused entry in order (prompts that embed measured numbers never hash the same)."""
+    unused entry recorded for the same purpose (local choice or generation), else the next
+    unused one (prompts that embed measured numbers never hash the same)."""
 
     name = "replay"
 
@@ -61,7 +62,8 @@ class ReplayProvider(Provider):
                 f"(all {len(self._entries)} recorded answers were used)"
             )
         exact = [i for i in free if self._entries[i].get("key") == key]
-        index = exact[0] if exact else free[0]
+        same_purpose = [i for i in free if self._entries[i].get("purpose") == purpose]
+        index = (exact or same_purpose or free)[0]
         self._used[index] = True
         return self._entries[index]
 
