@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterator
 
 from htam_engine.evaluate.verdict import Check
 
-# torch calls that allocate, reshape or move data: allowed in a candidate's forward.
-ALLOWED_TORCH = frozenset(
+# Ops that only allocate, view, reshape or copy data, by their names in both torch's
+# Python API and aten (the static and the runtime check share them): anything else in a
+# candidate's forward is torch doing the computation.
+LAYOUT_OPS = frozenset(
     [
         "empty",
         "empty_like",
@@ -26,36 +28,16 @@ ALLOWED_TORCH = frozenset(
         "ones_like",
         "full",
         "full_like",
-        "tensor",
-        "as_tensor",
-        "from_numpy",
-        "device",
-        "dtype",
-        "Size",
-        "manual_seed",
-        "no_grad",
-        "inference_mode",
         "view",
         "reshape",
         "contiguous",
-        "flatten",
         "unsqueeze",
         "squeeze",
         "permute",
         "transpose",
         "t",
         "expand",
-        "size",
-        "stride",
-        "numel",
-        "dim",
-        "data_ptr",
-        "is_contiguous",
         "to",
-        "cpu",
-        "cuda",
-        "float",
-        "double",
         "clone",
         "detach",
         "copy_",
@@ -64,15 +46,38 @@ ALLOWED_TORCH = frozenset(
         "new_empty",
         "new_zeros",
         "new_full",
-        "item",
-        "tolist",
-        "get_device",
-        "current_stream",
-        "current_device",
-        "synchronize",
-        "is_available",
     ]
 )
+# Python-API names that are no computation either.
+ALLOWED_TORCH = LAYOUT_OPS | {
+    "tensor",
+    "as_tensor",
+    "from_numpy",
+    "device",
+    "dtype",
+    "Size",
+    "manual_seed",
+    "no_grad",
+    "inference_mode",
+    "flatten",
+    "size",
+    "stride",
+    "numel",
+    "dim",
+    "data_ptr",
+    "is_contiguous",
+    "cpu",
+    "cuda",
+    "float",
+    "double",
+    "item",
+    "tolist",
+    "get_device",
+    "current_stream",
+    "current_device",
+    "synchronize",
+    "is_available",
+}
 _TORCH_ROOTS = frozenset({"torch", "F", "nn", "functional"})
 _PATCHED_ROOTS = frozenset({"time", "torch", "builtins", "sys", "gc", "inspect", "numpy", "np"})
 _FRAME = re.compile(r"\b(_getframe|currentframe|f_back|f_locals|f_globals|get_referrers)\b")

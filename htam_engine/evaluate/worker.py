@@ -24,6 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from htam_engine.evaluate import common
+from htam_engine.evaluate.static import LAYOUT_OPS
 
 _PERF = time.perf_counter
 _SLEEP = time.sleep
@@ -37,50 +38,21 @@ LATE_CHECK_S = 0.1  # how long after forward returns the output is saved again
 _WATCH_FRAMES = threading.Event()
 
 # aten ops that only allocate, view or copy: anything else in forward is torch compute.
-_LAYOUT_OPS = frozenset(
-    [
-        "empty",
-        "empty_like",
-        "empty_strided",
-        "zeros",
-        "zeros_like",
-        "ones",
-        "ones_like",
-        "full",
-        "full_like",
-        "new_empty",
-        "new_zeros",
-        "new_full",
-        "new_empty_strided",
-        "view",
-        "reshape",
-        "_unsafe_view",
-        "_reshape_alias",
-        "contiguous",
-        "clone",
-        "copy_",
-        "_to_copy",
-        "to",
-        "t",
-        "transpose",
-        "permute",
-        "expand",
-        "select",
-        "slice",
-        "unsqueeze",
-        "squeeze",
-        "as_strided",
-        "detach",
-        "alias",
-        "fill_",
-        "zero_",
-        "lift_fresh",
-        "resize_",
-        "set_",
-        "split",
-        "unbind",
-    ]
-)
+_LAYOUT_OPS = LAYOUT_OPS | {
+    "new_empty_strided",
+    "_unsafe_view",
+    "_reshape_alias",
+    "_to_copy",
+    "select",
+    "slice",
+    "as_strided",
+    "alias",
+    "lift_fresh",
+    "resize_",
+    "set_",
+    "split",
+    "unbind",
+}
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
