@@ -222,7 +222,7 @@ def servers(args: argparse.Namespace, home: Path) -> list[Server]:
         name = f"htam-lsp@{_commit(args.baseline)}"
         found.append(Server(name, htam, env("base", PYTHONPATH=where), where, ("cu", "py"), True))
     jedi = shutil.which("jedi-language-server", path=str(Path(sys.executable).parent))
-    if jedi:
+    if jedi and not args.no_reference:
         found.append(
             Server("jedi-language-server", (jedi,), env("jedi"), str(home), ("py",), False)
         )
@@ -578,6 +578,9 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+")
     parser.add_argument("--requests", type=int, help="requests per kind and condition")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-reference", action="store_true", help="leave jedi-language-server out"
+    )
     parser.add_argument(
         "--budget",
         type=float,

@@ -74,6 +74,7 @@ async def test_next_step_offers_measured_candidate(client: LanguageClient, task:
     answer = await client.workspace_execute_command_async(
         t.ExecuteCommandParams("htam.nextStep", [{"uri": uri, "position": _json(where)}])
     )
+    assert answer is not None
     job_id = answer["jobId"]
     final = await wait_until(lambda: _final(client, job_id), timeout=400)
     assert final["state"] == "done", final["message"]
@@ -123,9 +124,13 @@ async def test_cancel_kills_the_worker(client: LanguageClient, task: Path):
     answer = await client.workspace_execute_command_async(
         t.ExecuteCommandParams("htam.optimize", [{"uri": uri, "steps": 3}])
     )
+    assert answer is not None
     job_id = answer["jobId"]
     running = await wait_until(
-        lambda: next((s for s in client.states if s["jobId"] == job_id and s["pid"]), None)
+        lambda: next(
+            (s for s in client.states if s["jobId"] == job_id and s["pid"]),  # type: ignore[attr-defined]
+            None,
+        )
     )
     pid = running["pid"]
 

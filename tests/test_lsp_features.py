@@ -145,6 +145,7 @@ async def test_execution_refused_without_permission(client: LanguageClient):
             "htam.nextStep", [{"uri": uri, "position": {"line": 1, "character": 20}}]
         )
     )
+    assert answer is not None
     assert answer["state"] == "refused"
     await wait_until(lambda: any("allowExecution" in m.message for m in client.messages))
     actions = await client.text_document_code_action_async(
@@ -173,6 +174,7 @@ async def test_workspace_settings_cannot_grant_execution(client: LanguageClient)
     answer = await client.workspace_execute_command_async(
         t.ExecuteCommandParams("htam.nextStep", [{"uri": uri}])
     )
+    assert answer is not None
     assert answer["state"] == "refused"
 
 
@@ -182,10 +184,12 @@ async def test_explain_and_show_memory_commands(client: LanguageClient):
     explained = await client.workspace_execute_command_async(
         t.ExecuteCommandParams("htam.explain", [{"uri": uri}])
     )
+    assert explained is not None
     assert "scale" in explained["markdown"]
     memory = await client.workspace_execute_command_async(
         t.ExecuteCommandParams("htam.showMemory", [{"backend": "cpu"}])
     )
+    assert memory is not None
     assert memory["memory"]["backend"] == "cpu"
     assert memory["memory"]["directions"] and "| direction |" in memory["markdown"]
     cpu_uri = open_file(client, REPO / "examples" / "softmax" / "cpu_naive.py", "python")
@@ -193,6 +197,7 @@ async def test_explain_and_show_memory_commands(client: LanguageClient):
         shown = await client.workspace_execute_command_async(
             t.ExecuteCommandParams("htam.showMemory", [{"uri": open_uri}])
         )
+        assert shown is not None
         assert shown["memory"]["backend"] == backend  # the open kernel's own memory
 
 

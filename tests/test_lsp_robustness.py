@@ -129,15 +129,15 @@ async def test_crashed_worker_fails_the_job_not_the_server(client: LanguageClien
     answer = await client.workspace_execute_command_async(
         t.ExecuteCommandParams("htam.nextStep", [{"uri": uri}])
     )
+    assert answer is not None
     job = answer["jobId"]
+    states = client.states  # type: ignore[attr-defined]
     running = await wait_until(
-        lambda: next((s for s in client.states if s["jobId"] == job and s["pid"]), None)  # type: ignore[attr-defined]
+        lambda: next((s for s in states if s["jobId"] == job and s["pid"]), None)
     )
     os.killpg(running["pid"], signal.SIGKILL)  # the worker dies without a word
     final = await wait_until(
-        lambda: next(
-            (s for s in client.states if s["jobId"] == job and s["state"] == "failed"), None
-        )  # type: ignore[attr-defined]
+        lambda: next((s for s in states if s["jobId"] == job and s["state"] == "failed"), None)
     )
     assert "exit code -9" in final["message"]
     await _still_serving(client)
