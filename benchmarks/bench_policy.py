@@ -113,53 +113,35 @@ def query_state() -> State:
     )
 
 
-def htam_step(graph: Graph, state: State, rng: random.Random) -> None:
+def select_and_outcome(graph: Graph, state: State, rng: random.Random) -> Outcome:
+    """One global + local selection and the (fixed, improving) outcome it leads to."""
     config = PolicyConfig()
     prefix = make_prefix(state.path, config.K)
     decision = select_global(graph, prefix, state, config, rng)
     local = EvidenceLocalSelector().choose(graph, decision.chosen, state, {}).local_id
-    graph.apply_outcome(
-        Outcome(
-            "cuda",
-            state.task_signature,
-            prefix,
-            decision.alphas,
-            decision.chosen,
-            local,
-            "improved",
-            True,
-            True,
-            1.2,
-            0.8,
-            math.log(1.2),
-            "code",
-        )
+    return Outcome(
+        "cuda",
+        state.task_signature,
+        prefix,
+        decision.alphas,
+        decision.chosen,
+        local,
+        "improved",
+        True,
+        True,
+        1.2,
+        0.8,
+        math.log(1.2),
+        "code",
     )
+
+
+def htam_step(graph: Graph, state: State, rng: random.Random) -> None:
+    graph.apply_outcome(select_and_outcome(graph, state, rng))
 
 
 def store_step(store: MemoryStore, state: State, rng: random.Random) -> None:
-    graph = store.graph("cuda")
-    config = PolicyConfig()
-    prefix = make_prefix(state.path, config.K)
-    decision = select_global(graph, prefix, state, config, rng)
-    local = EvidenceLocalSelector().choose(graph, decision.chosen, state, {}).local_id
-    store.apply_outcome(
-        Outcome(
-            "cuda",
-            state.task_signature,
-            prefix,
-            decision.alphas,
-            decision.chosen,
-            local,
-            "improved",
-            True,
-            True,
-            1.2,
-            0.8,
-            math.log(1.2),
-            "code",
-        )
-    )
+    store.apply_outcome(select_and_outcome(store.graph("cuda"), state, rng))
 
 
 def flat_step(entries: list[FlatEntry], state: State) -> None:
