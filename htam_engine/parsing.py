@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 
 import tree_sitter_cuda
@@ -43,12 +43,26 @@ class Embedded:
 
 
 @dataclass(frozen=True)
+class FunctionFacts:
+    """What one C++/CUDA function definition is, independent of where it sits in the file
+    (so it is cached by the function's text and survives edits elsewhere)."""
+
+    name: str
+    name_span: tuple[int, int]  # the name's bytes, relative to the function's start
+    is_global: bool
+    launches: tuple[str, ...]  # kernels it launches with <<<...>>>
+    pointers: tuple[str, ...]  # pointer parameters, as written
+    unrestricted: tuple[str, ...]  # the pointer parameters without __restrict__
+    bounds_checked: bool  # a kernel that indexes by thread compares before it touches memory
+
+
+@dataclass(frozen=True)
 class KernelUnit:
-    """A unit of code the editor and the loop work on, with its range in the file.
+    """A unit of code the editor and the loop work on, with byte ranges in the file.
 
     kind: "global" (a `__global__` kernel; `launchers` names the host functions that
     launch it), "host" (a host / extern "C" function), "model" (a Model/ModelNew class),
-    "module" (a load_inline / load_cpp call).
+    "module" (a load_inline / load_cpp call). `facts` is set for C++/CUDA functions.
     """
 
     name: str
@@ -56,9 +70,25 @@ class KernelUnit:
     language: str
     start_byte: int
     end_byte: int
-    start_point: tuple[int, int]
-    end_point: tuple[int, int]
+    name_start: int
+    name_end: int
     launchers: tuple[str, ...] = ()
+    facts: FunctionFacts | None = field(default=None, compare=False)
+
+    @property
+    def is_kernel(self) -> bool:
+        """A unit HTAM optimizes: a CUDA kernel, a Model class or a plain C++ (CPU) function."""
+        return self.kind in ("global", "model") or (self.kind == "host" and self.language == "cpp")
+
+    def shifted(self, delta: int) -> KernelUnit:
+        """The same unit, `delta` bytes further into the file (an embedded source's place)."""
+        return replace(
+            self,
+            start_byte=self.start_byte + delta,
+            end_byte=self.end_byte + delta,
+            name_start=self.name_start + delta,
+            name_end=self.name_end + delta,
+        )
 
 
 @cache
@@ -229,30 +259,29 @@ def flag_values(python_source: str | bytes, keyword: str) -> list[str]:
 
 
 def functions(root: Node) -> list[Node]:
-    """Function definitions at file scope (also inside `extern "C" { }` blocks)."""
-    return [
-        n
-        for n in walk(root)
-        if n.type == "function_definition" and not _inside(n, "function_definition")
-    ]
+    """Function definitions outside any other function: at file scope and inside
+    namespaces, `extern "C"` blocks, templates, `#if`/`#ifdef` branches and class bodies."""
+    found: list[Node] = []
+    stack = list(reversed(root.children))
+    while stack:
+        node = stack.pop()
+        if node.type == "function_definition":
+            found.append(node)
+        else:
+            stack.extend(reversed(node.children))
+    return found
 
 
-def _inside(node: Node, kind: str) -> bool:
-    parent = node.parent
-    while parent is not None:
-        if parent.type == kind:
-            return True
-        parent = parent.parent
-    return False
-
-
-def function_name(fn: Node) -> str:
+def function_name_node(fn: Node) -> Node | None:
     declarator = fn.child_by_field_name("declarator")
     while declarator is not None and declarator.type != "function_declarator":
         declarator = declarator.child_by_field_name("declarator")
-    if declarator is None:
-        return ""
-    return text(declarator.child_by_field_name("declarator"))
+    return None if declarator is None else declarator.child_by_field_name("declarator")
+
+
+def function_name(fn: Node) -> str:
+    """The declared name (`Ops::scale` for an out-of-class method, `kernel` in a template)."""
+    return text(function_name_node(fn))
 
 
 def parameters(fn: Node) -> list[Node]:
@@ -337,46 +366,116 @@ def is_fixed_trip(loop: Node, known: dict[str, str]) -> bool:
 
 # --- kernels ------------------------------------------------------------------------
 
+_FACTS: dict[bytes, FunctionFacts] = {}
+_FACTS_LIMIT = 50_000
+_RESTRICT = re.compile(r"__restrict(__)?\b")
+_THREAD_INDEX = re.compile(r"\b(threadIdx|blockIdx)\b")
+_COMPARISON = re.compile(r"[<>]=?")
+MODEL_CLASSES = ("Model", "ModelNew")  # KernelBench's names
 
-def _unit(node: Node, name: str, kind: str, language: str, offset: int, data: bytes) -> KernelUnit:
-    start, end = node.start_byte + offset, node.end_byte + offset
-    return KernelUnit(name, kind, language, start, end, _point(data, start), _point(data, end))
+
+def function_facts(fn: Node) -> FunctionFacts:
+    """The facts of one function definition, cached by its exact text: after an edit only
+    the edited functions of a 20k-line file are looked at again."""
+    key = fn.text or b""
+    cached = _FACTS.get(key)
+    if cached is None:
+        if len(_FACTS) >= _FACTS_LIMIT:
+            _FACTS.clear()
+        cached = _FACTS[key] = _compute_facts(fn)
+    return cached
 
 
-def _cxx_kernels(source: bytes, language: str, offset: int, data: bytes) -> list[KernelUnit]:
-    fns = functions(parse(source, language).root_node)
+def _compute_facts(fn: Node) -> FunctionFacts:
+    name_node = function_name_node(fn) or fn
+    pointers = tuple(text(p) for p in parameters(fn) if pointer_declarator(p) is not None)
+    global_ = is_global(fn)
+    indexes = _THREAD_INDEX.search(text(fn.child_by_field_name("body"))) is not None
+    return FunctionFacts(
+        name=function_name(fn),
+        name_span=(name_node.start_byte - fn.start_byte, name_node.end_byte - fn.start_byte),
+        is_global=global_,
+        launches=tuple(text(c.child_by_field_name("function")) for c in launches(fn)),
+        pointers=pointers,
+        unrestricted=tuple(p for p in pointers if not _RESTRICT.search(p)),
+        bounds_checked=not (global_ and indexes) or _has_guard(fn),
+    )
+
+
+def _has_guard(fn: Node) -> bool:
+    """An if/loop condition or ternary that compares (the usual `if (i < n)` guard)."""
+    for node in walk(fn):
+        if node.type in ("if_statement", "while_statement", "for_statement"):
+            condition = node.child_by_field_name("condition")
+            if condition is not None and _COMPARISON.search(text(condition)):
+                return True
+        elif node.type == "conditional_expression":
+            return True
+    return False
+
+
+def _cxx_kernels(root: Node, language: str) -> list[KernelUnit]:
+    facts = [(fn, function_facts(fn)) for fn in functions(root)]
     launchers: dict[str, list[str]] = {}
-    for fn in fns:
-        for call in launches(fn):
-            target = text(call.child_by_field_name("function"))
-            launchers.setdefault(target, []).append(function_name(fn))
-    units = []
-    for fn in fns:
-        name = function_name(fn)
-        kind = "global" if is_global(fn) else "host"
-        unit = _unit(fn, name, kind, language, offset, data)
-        if kind == "global":
-            unit = KernelUnit(**{**unit.__dict__, "launchers": tuple(launchers.get(name, []))})
-        units.append(unit)
-    return units
+    for _fn, f in facts:
+        for target in f.launches:
+            launchers.setdefault(target, []).append(f.name)
+    return [
+        KernelUnit(
+            f.name,
+            "global" if f.is_global else "host",
+            language,
+            fn.start_byte,
+            fn.end_byte,
+            fn.start_byte + f.name_span[0],
+            fn.start_byte + f.name_span[1],
+            tuple(launchers.get(f.name, ())) if f.is_global else (),
+            f,
+        )
+        for fn, f in facts
+    ]
 
 
-def kernels(source: str | bytes, language: str) -> list[KernelUnit]:
-    """Kernel units with byte ranges in `source`: CUDA/C++ functions, or for Python the
-    Model/ModelNew classes, the loader calls and the functions of their embedded sources."""
+def _python_unit(node: Node, kind: str, name_node: Node | None) -> KernelUnit:
+    name = text(name_node).rsplit(".", 1)[-1]
+    name_end = name_node.end_byte if name_node is not None else node.start_byte
+    start, end = node.start_byte, node.end_byte
+    return KernelUnit(name, kind, "python", start, end, name_end - len(name.encode()), name_end)
+
+
+EmbeddedTrees = Callable[[Embedded], Tree]
+
+
+def kernels(
+    source: str | bytes,
+    language: str,
+    tree: Tree | None = None,
+    embedded_tree: EmbeddedTrees | None = None,
+) -> list[KernelUnit]:
+    """Kernel units in document order with byte ranges in `source`: C++/CUDA functions
+    (wherever they are declared), or for Python the Model/ModelNew classes, the loader
+    calls and the functions of their embedded sources.
+
+    `tree` is `source` already parsed and `embedded_tree` gives an embedded source's tree:
+    the language server passes its incrementally maintained ones.
+    """
     data = _as_bytes(source)
+    tree = tree or parse(data, language)
     if language != "python":
-        return _cxx_kernels(data, language, 0, data)
-    tree = parse(data, "python")
+        return _cxx_kernels(tree.root_node, language)
     units = [
-        _unit(node, text(node.child_by_field_name("name")), "model", "python", 0, data)
+        _python_unit(node, "model", node.child_by_field_name("name"))
         for node in tree.root_node.children
         if node.type == "class_definition"
-        and text(node.child_by_field_name("name")) in ("Model", "ModelNew")
+        and text(node.child_by_field_name("name")) in MODEL_CLASSES
     ]
-    units += [_unit(c, call_name(c), "module", "python", 0, data) for c in loader_calls(tree)]
+    units += [
+        _python_unit(call, "module", call.child_by_field_name("function"))
+        for call in loader_calls(tree)
+    ]
     for emb in embedded_sources(data):
-        units += _cxx_kernels(emb.text.encode(), emb.language, emb.start_byte, data)
+        sub = embedded_tree(emb) if embedded_tree else parse(emb.text, emb.language)
+        units += [u.shifted(emb.start_byte) for u in _cxx_kernels(sub.root_node, emb.language)]
     return sorted(units, key=lambda u: u.start_byte)
 
 
@@ -408,16 +507,11 @@ def _loop_tags(roots: list[Node], known: dict[str, str]) -> set[str]:
     return tags
 
 
-def _pointer_params(fns: list[Node]) -> list[Node]:
-    return [p for fn in fns for p in parameters(fn) if pointer_declarator(p) is not None]
-
-
 def _restrict_tag(fns: list[Node]) -> set[str]:
-    params = _pointer_params(fns)
-    if not params:
+    facts = [function_facts(fn) for fn in fns]
+    if not any(f.pointers for f in facts):
         return set()
-    restricted = all(re.search(r"__restrict(__)?\b", text(p)) for p in params)
-    return {"restrict_pointers" if restricted else "no_restrict"}
+    return {"no_restrict" if any(f.unrestricted for f in facts) else "restrict_pointers"}
 
 
 def _block_sizes(root: Node, known: dict[str, str]) -> list[int]:

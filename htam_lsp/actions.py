@@ -145,7 +145,7 @@ def diagnostics(ls: Any, doc: Document) -> list[t.Diagnostic]:
     found = []
     units = discovery.units(doc)
     for unit in units:
-        for hint in unit.hints:
+        for hint in discovery.hints(unit):
             found.append(
                 t.Diagnostic(
                     range=ls.lsp_range(doc, hint.start_byte, hint.end_byte),

@@ -22,6 +22,7 @@ from htam_lsp.insight import has_gpu
 CU = FIXTURES / "cuda" / "vec_add.cu"
 BOUND = FIXTURES / "cuda" / "scale_bound.cu"
 INLINE = FIXTURES / "python" / "inline_relu.py"
+NESTED = FIXTURES / "cuda" / "nested.cu"
 
 
 @pytest_lsp.fixture(config=server_config(), params=CLIENTS)
@@ -69,6 +70,18 @@ async def test_symbols_of_embedded_cuda_map_to_file_positions(client: LanguageCl
     # The kernel name follows non-ASCII text on its line: its column depends on the encoding.
     text = INLINE.read_text(encoding="utf-8")
     assert kernel.selection_range.start == find(text, "relu_kernel(", encoding_of(result))
+
+
+async def test_symbols_of_kernels_in_namespaces_ifdefs_templates_and_structs(
+    client: LanguageClient,
+):
+    await initialize(client, client.spec)  # type: ignore[attr-defined]
+    uri = open_file(client, NESTED, "cuda")
+    symbols = await client.text_document_document_symbol_async(
+        t.DocumentSymbolParams(t.TextDocumentIdentifier(uri))
+    )
+    names = {s.name for s in symbols or []}
+    assert {"fast_scale", "slow_scale", "run"} <= names
 
 
 async def test_hover_before_any_run_shows_memory_directions(client: LanguageClient):

@@ -74,7 +74,40 @@ def test_kernels_of_a_cuda_example_python_file() -> None:
     assert units["ModelNew"].kind == "model" and units["load_inline"].kind == "module"
     kernel = units["gelu_kernel"]
     assert data[kernel.start_byte : kernel.end_byte].startswith(b"__global__ void gelu_kernel")
-    assert data.splitlines()[kernel.start_point[0]].startswith(b"__global__")
+    assert data[kernel.name_start : kernel.name_end] == b"gelu_kernel"
+
+
+NESTED_CUDA = b"""
+namespace ops {
+#ifdef USE_FAST
+template <int BLOCK>
+__global__ void fast_scale(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] *= 2; }
+#else
+__global__ void slow_scale(float* x, int n) { x[threadIdx.x] *= 2; }
+#endif
+struct Launcher {
+  void run(float* x, int n) { slow_scale<<<1, 32>>>(x, n); }
+};
+}  // namespace ops
+extern "C" { void entry(float* x) {} }
+"""
+
+
+def test_kernels_wherever_they_are_declared() -> None:
+    units = {u.name: u for u in parsing.kernels(NESTED_CUDA, "cuda")}
+    assert set(units) == {"fast_scale", "slow_scale", "run", "entry"}
+    assert units["fast_scale"].kind == units["slow_scale"].kind == "global"
+    assert units["slow_scale"].launchers == ("run",)
+    assert units["slow_scale"].facts is not None and not units["slow_scale"].facts.bounds_checked
+    assert units["fast_scale"].facts is not None and units["fast_scale"].facts.bounds_checked
+    for unit in units.values():
+        assert NESTED_CUDA[unit.name_start : unit.name_end] == unit.name.encode()
+
+
+def test_the_engine_and_the_editor_see_the_same_kernels() -> None:
+    tree = parsing.parse(NESTED_CUDA, "cuda")
+    functions = {parsing.function_name(fn) for fn in parsing.functions(tree.root_node)}
+    assert functions == {u.name for u in parsing.kernels(NESTED_CUDA, "cuda", tree=tree)}
 
 
 def test_kernels_of_raw_sources() -> None:
