@@ -31,10 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from htam_engine.memory import START, STATUSES, Graph, MemoryStore, Outcome, load_seed
+from htam_engine.memory import START, Graph, MemoryStore, Outcome, load_seed
 from htam_engine.memory.store import EXPORT_FORMAT, SCHEMA_VERSION, learned_rows
 from htam_engine.policy import EvidenceLocalSelector, PolicyConfig, make_prefix, select_global
 from htam_engine.state import PathEntry, State
+from htam_engine.vocabulary import Status
 
 TAGS = [
     "scalar_loads",
@@ -63,7 +64,7 @@ class FlatEntry:
 
 def synthetic_outcome(graph: Graph, rng: random.Random) -> tuple[Outcome, frozenset[str]]:
     local = rng.choice(list(graph.locals.values()))
-    status = rng.choice(STATUSES)
+    status = rng.choice(list(Status))
     speedup = rng.uniform(0.5, 3.0)
     reward = math.log(speedup) if status in ("improved", "not_improved") else -0.5
     prefix = [START, rng.choice(list(graph.globals))]

@@ -4,8 +4,9 @@
 
 The environment is synthetic, its strategies are real: the directions and strategies are
 the seed graph of a backend (`load_seed`), and every arm learns with the real selection
-code (`select_global`, `EvidenceLocalSelector`) and the real update (`Graph.apply_outcome`,
-`reward`). What is hidden from the arms (a *world*, drawn from the seed):
+code: the loop's own step core (`htam_engine.episode.Episode`: state, decide, judge and
+the `Outcome` with its reward) and the real update (`Graph.apply_outcome`). What is
+hidden from the arms (a *world*, drawn from the seed):
 
 - every strategy has a shared effect on log speedup, N(STRATEGY_MEAN, strategy_sd);
 - tasks come in families; a family shifts every strategy's effect by N(0, family_sd),
@@ -39,15 +40,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from htam_engine.memory import START, Graph, Outcome, load_seed
+from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode
+from htam_engine.memory import START, Graph, load_seed
 from htam_engine.policy import (
     EvidenceLocalSelector,
+    GlobalDecision,
+    LocalDecision,
     PolicyConfig,
     prefix_weights,
-    reward,
-    select_global,
 )
-from htam_engine.state import PathEntry, State
+from htam_engine.state import State
+from htam_engine.vocabulary import Status
 
 ARMS = ("htam", "no_transitions", "flat", "no_local", "greedy", "random")
 FAMILY_TAGS = ("elementwise", "reduction", "matmul", "fused")
@@ -65,7 +68,6 @@ FEATURE_TAGS = {
     ),
 }
 STRATEGY_MEAN = 0.05
-IMPROVE_MARGIN = 1.02  # the loop's LoopConfig.improve_margin
 EARLY_TASKS = 20  # transfer matters most before the cold memory has learned anything
 THRESHOLD = 1.5  # "steps to reach": best speedup over the start >= this, fixed a priori
 TRANSFER_ARMS = ("htam", "flat", "greedy")
@@ -155,17 +157,18 @@ def make_tasks(world: World, families: Sequence[int], seeds: Sequence[int]) -> l
 
 def outcome(
     world: World, task: SimTask, step: int, previous: str, local_id: str, times: int, best: float
-) -> tuple[str, float | None]:
-    """(status, log gain) of applying `local_id` at `step`; pure in its arguments."""
+) -> tuple[Status | None, float | None]:
+    """(failure status, None) or (None, log gain) of applying `local_id` at `step`; pure
+    in its arguments."""
     if local_id in task.family.fails:
-        return "compile_error", None
+        return Status.COMPILE_ERROR, None
     rng = random.Random(f"noise:{task.seed}:{step}:{local_id}")
     if rng.random() < world.config.incorrect_rate:
-        return "incorrect", None
+        return Status.INCORRECT, None
     cfg = world.config
     bonus = cfg.transition_strength if world.predecessor[world.parent[local_id]] == previous else 0
     effect = (task.effects[local_id] + bonus) * cfg.repeat_decay**times
-    return "correct", effect / (1 + best / cfg.saturation) + rng.gauss(0, cfg.noise_sd)
+    return None, effect / (1 + best / cfg.saturation) + rng.gauss(0, cfg.noise_sd)
 
 
 @dataclass
@@ -178,81 +181,46 @@ class TaskResult:
     path: list[str] = field(default_factory=list)
 
 
-def choose(
-    arm: str, graph: Graph, prefix: list[str], state: State, rng: random.Random
-) -> tuple[str, str, list[float]]:
-    """(direction, strategy, alphas aligned with prefix) for one step of `arm`."""
-    if arm == "greedy":
-        node = max(graph.locals.values(), key=lambda n: n.stats.mean_reward)
-        weights = prefix_weights(prefix, state, PolicyConfig().lam)
-        return node.parent, node.id, [w.alpha for w in reversed(weights)]
-    decision = select_global(graph, prefix, state, PolicyConfig(mode=arm), rng)  # type: ignore[arg-type]
-    if decision.chosen_local is not None:
-        local_id = decision.chosen_local
-    elif arm in ("no_local", "random"):
-        local_id = rng.choice([n.id for n in graph.locals_of(decision.chosen)])
-    else:
-        local_id = EvidenceLocalSelector().choose(graph, decision.chosen, state, {}).local_id
-    return decision.chosen, local_id, decision.alphas
+def choose(arm: str, episode: Episode, graph: Graph, state: State, rng: random.Random) -> Decision:
+    """(g_t, l_t) for one step of `arm`: the loop's own decision, or the greedy baseline."""
+    if arm != "greedy":
+        return episode.decide(graph, state, rng, EvidenceLocalSelector())
+    node = max(graph.locals.values(), key=lambda n: n.stats.mean_reward)
+    weights = prefix_weights(episode.prefix, state, episode.config.lam)
+    greedy = GlobalDecision(node.parent, node.id, "greedy", 0.0, episode.prefix, weights)
+    return Decision(greedy, LocalDecision(node.id, "greedy"))
 
 
 def run_task(
     arm: str, graph: Graph, world: World, task: SimTask, steps: int, rng: random.Random
 ) -> TaskResult:
     """T steps on one task, learning from each outcome exactly like the loop."""
-    K = PolicyConfig().K
-    prefix: list[str] = [START] * K
-    path: list[PathEntry] = []
+    mode = arm if arm != "greedy" else "htam"
+    policy = PolicyConfig(mode=mode)  # type: ignore[arg-type]
+    episode = Episode(graph.backend, task.family.tag, task.signature, policy, IMPROVE_MARGIN)
     best, applied = 0.0, Counter[str]()
     result = TaskResult(0.0, False, None, 0, 0)
     for step in range(1, steps + 1):
-        state = State(
-            backend=graph.backend,
-            family=task.family.tag,
-            task_signature=task.signature,
-            features=set(task.family.features),
-            feedback={"first_step"} if not path else {_feedback_tag(path[-1].status)},
-            best_speedup=math.exp(best),
-            path=list(path),
+        state = episode.state(set(task.family.features), best_speedup=math.exp(best))
+        decision = choose(arm, episode, graph, state, rng)
+        local_id = decision.local_id
+        failed, gain = outcome(
+            world, task, step, episode.prefix[-1], local_id, applied[local_id], best
         )
-        g, local_id, alphas = choose(arm, graph, prefix, state, rng)
-        status, gain = outcome(world, task, step, prefix[-1], local_id, applied[local_id], best)
         applied[local_id] += 1
         ratio = None if gain is None else math.exp(gain)
-        if ratio is not None:
-            status = "improved" if ratio >= IMPROVE_MARGIN else "not_improved"
-            result.correct_steps += 1
-        if status == "improved" and gain is not None:
+        status = failed or episode.judge(ratio)
+        result.correct_steps += ratio is not None
+        if status == Status.IMPROVED and gain is not None:
             best += gain
             result.fast = True
             if result.steps_to_threshold is None and best >= math.log(THRESHOLD):
                 result.steps_to_threshold = step
-        result.compile_errors += status == "compile_error"
-        graph.apply_outcome(
-            Outcome(
-                backend=graph.backend,
-                task_signature=task.signature,
-                prefix=list(prefix),
-                alphas=alphas,
-                global_id=g,
-                local_id=local_id,
-                status=status,
-                compiled=status != "compile_error",
-                correct=ratio is not None,
-                speedup=ratio,
-                runtime_ms=None,
-                reward=reward(status, ratio),
-            )
-        )
-        prefix = [*prefix[1:], g]
-        path.append(PathEntry(g, local_id, status))
-        result.path.append(g)
+        result.compile_errors += status == Status.COMPILE_ERROR
+        graph.apply_outcome(episode.finish(decision, status, speedup=ratio))
+        result.path.append(decision.global_id)
     result.best_log = best
     return result
-
-
-def _feedback_tag(status: str) -> str:
-    return {"not_improved": "slower"}.get(status, status)
 
 
 def run_arm(

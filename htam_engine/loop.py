@@ -20,22 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from htam_engine import parsing
+from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
 from htam_engine.evaluate import Verdict, evaluate
 from htam_engine.llm import LLMError, Provider, count_tokens, extract_code, generation_prompt
-from htam_engine.memory import START, Graph, MemoryStore, Outcome
-from htam_engine.policy import (
-    EvidenceLocalSelector,
-    GlobalDecision,
-    LocalDecision,
-    LocalSelector,
-    PolicyConfig,
-    reward,
-    select_global,
-)
+from htam_engine.memory import Graph, MemoryStore
+from htam_engine.policy import EvidenceLocalSelector, LocalSelector, PolicyConfig
 from htam_engine.policy.llm_chooser import LLMLocalSelector
-from htam_engine.state import PathEntry, State
+from htam_engine.state import State
 from htam_engine.strategies import REGISTRY
 from htam_engine.task import Task
+from htam_engine.vocabulary import Status
 
 Emit = Callable[[dict[str, Any]], None]
 TRAJECTORIES = "trajectories"
@@ -53,7 +47,7 @@ class LoopConfig:
     device: str = "auto"
     seed: int = 0
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    improve_margin: float = 1.02  # below this a "faster" candidate is timing noise
+    improve_margin: float = IMPROVE_MARGIN
 
 
 @dataclass
@@ -155,7 +149,14 @@ class Optimizer:
         self.local_selector: LocalSelector = (
             LLMLocalSelector(provider) if provider else EvidenceLocalSelector()
         )
-        self.family = parsing.family(task.reference_source)
+        family = parsing.family(task.reference_source)
+        self.episode = Episode(
+            task.backend,
+            family,
+            task_signature(task.backend, family, task.name),
+            config.policy,
+            config.improve_margin,
+        )
         self.result = RunResult(
             run_id=uuid.uuid4().hex[:12],
             task=task.name,
@@ -164,8 +165,6 @@ class Optimizer:
             start_verdict={},
             best_source=start_source,
         )
-        self.prefix = [START] * config.policy.K
-        self.path: list[PathEntry] = []
         self.tried: set[tuple[str, str]] = set()  # (strategy, code) pairs already evaluated
 
     # -- the loop -------------------------------------------------------------------
@@ -206,37 +205,35 @@ class Optimizer:
             return None
         state = self._state(current)
         self._phase(step, "select")
-        decision = select_global(usable, self.prefix, state, self.config.policy, self.rng)
-        local = self._choose_local(usable, decision, state, applicable)
-        g, node = decision.chosen, graph.locals[local.local_id]
-        self.tried.add((local.local_id, current))
-        self._phase(step, "generate", g, local.local_id)
-        candidate, tokens = self._generate(node, current, state)
+        decision = self.episode.decide(usable, state, self.rng, self.local_selector, applicable)
+        g, local_id = decision.global_id, decision.local_id
+        self.tried.add((local_id, current))
+        self._phase(step, "generate", g, local_id)
+        candidate, tokens = self._generate(graph.locals[local_id], current, state)
         if candidate is None:
             verdict_json: dict[str, Any] = {"compiled": False, "correct": False, "error": None}
-            status, speedup_vs_best = "no_code", None
+            status, speedup_vs_best = Status.NO_CODE, None
         else:
-            verdict = self._evaluate(step, candidate, g, local.local_id)
+            verdict = self._evaluate(step, candidate, g, local_id)
             if verdict.error and verdict.error.kind in UNRUNNABLE:
                 raise RunStopped(verdict.error.kind)  # says nothing about the strategy
             verdict_json = verdict.to_json()
             status, speedup_vs_best = self._status(verdict)
-            if status == "improved":
+            if status == Status.IMPROVED:
                 self.result.best_source, self.result.best_step = candidate, step
                 self.result.best_ref_speedup = verdict.speedup
-        self._phase(step, "update", g, local.local_id)
-        r = reward(status, speedup_vs_best)
-        self._learn(decision, local.local_id, status, verdict_json, speedup_vs_best, r, candidate)
+        self._phase(step, "update", g, local_id)
+        r = self._learn(decision, status, verdict_json, speedup_vs_best, candidate)
         record = StepRecord(
             step=step,
             global_id=g,
-            local_id=local.local_id,
-            reason=local.reason,
+            local_id=local_id,
+            reason=decision.local.reason,
             status=status,
             reward=r,
             speedup=self._over_start(verdict_json),
-            decision=decision.to_json(),
-            local_decision=local.to_json(),
+            decision=decision.global_decision.to_json(),
+            local_decision=decision.local.to_json(),
             verdict=verdict_json,
             source=candidate or "",
             prompt_tokens=tokens,
@@ -264,34 +261,11 @@ class Optimizer:
         return result
 
     def _state(self, source: str) -> State:
-        feedback = {"first_step"} if not self.path else {_feedback_tag(self.path[-1].status)}
-        last = self.result.steps[-1].speedup if self.result.steps else None
-        return State(
-            backend=self.task.backend,
-            family=self.family,
-            task_signature=f"{self.task.backend}:{self.family}:{self.task.name}",
-            features=parsing.features(source, self.task.backend),
-            feedback=feedback,
-            last_speedup=last,
+        return self.episode.state(
+            parsing.features(source, self.task.backend),
+            last_speedup=self.result.steps[-1].speedup if self.result.steps else None,
             best_speedup=self.result.best_speedup,
-            path=list(self.path),
         )
-
-    def _choose_local(
-        self,
-        graph: Graph,
-        decision: GlobalDecision,
-        state: State,
-        applicable: dict[str, str | None],
-    ) -> LocalDecision:
-        """The strategy inside the chosen direction; the ablation modes bypass the memory."""
-        mode = self.config.policy.mode
-        if decision.chosen_local:  # flat retrieval already picked a strategy
-            return LocalDecision(decision.chosen_local, "flat retrieval over all strategies")
-        if mode in {"no_local", "random"}:
-            pick = self.rng.choice(sorted(n.id for n in graph.locals_of(decision.chosen)))
-            return LocalDecision(pick, f"{mode}: uniform over runnable strategies")
-        return self.local_selector.choose(graph, decision.chosen, state, applicable)
 
     def _generate(self, node: Any, current: str, state: State) -> tuple[str | None, int]:
         if node.mechanical:
@@ -324,49 +298,37 @@ class Optimizer:
             on_phase=on_phase,
         )
 
-    def _status(self, verdict: Verdict) -> tuple[str, float | None]:
+    def _status(self, verdict: Verdict) -> tuple[Status, float | None]:
         """The outcome status and the speedup over the best so far (reference-normalised)."""
         kind = verdict.error.kind if verdict.error else None
         if not verdict.compiled:
-            return ("timeout" if kind == "timeout" else "compile_error"), None
+            return (Status.TIMEOUT if kind == "timeout" else Status.COMPILE_ERROR), None
         if not verdict.correct:
-            return (kind if kind in {"crash", "timeout"} else "incorrect"), None
+            failed = {"crash": Status.CRASH, "timeout": Status.TIMEOUT}
+            return failed.get(kind or "", Status.INCORRECT), None
         best = self.result.best_ref_speedup
-        if best is None or not verdict.speedup:
-            return "improved", None
-        ratio = verdict.speedup / best
-        return ("improved" if ratio >= self.config.improve_margin else "not_improved"), ratio
+        ratio = verdict.speedup / best if best is not None and verdict.speedup else None
+        return self.episode.judge(ratio), ratio
 
     def _learn(
         self,
-        decision: GlobalDecision,
-        local_id: str,
-        status: str,
+        decision: Decision,
+        status: Status,
         verdict: dict[str, Any],
         speedup: float | None,
-        r: float,
         candidate: str | None,
-    ) -> None:
-        g = decision.chosen
-        self.store.apply_outcome(
-            Outcome(
-                backend=self.task.backend,
-                task_signature=f"{self.task.backend}:{self.family}:{self.task.name}",
-                prefix=list(self.prefix),
-                alphas=list(decision.alphas),
-                global_id=g,
-                local_id=local_id,
-                status=status,
-                compiled=bool(verdict.get("compiled")),
-                correct=bool(verdict.get("correct")),
-                speedup=speedup,
-                runtime_ms=verdict.get("runtime_ms"),
-                reward=r,
-                code_excerpt=_excerpt(candidate or ""),
-            )
+    ) -> float:
+        """One transaction in the memory; returns the step's reward."""
+        outcome = self.episode.finish(
+            decision,
+            status,
+            speedup=speedup,
+            runtime_ms=verdict.get("runtime_ms"),
+            compiled=bool(verdict.get("compiled")),
+            code_excerpt=_excerpt(candidate or ""),
         )
-        self.prefix = [*self.prefix[1:], g]
-        self.path.append(PathEntry(g, local_id, status))
+        self.store.apply_outcome(outcome)
+        return outcome.reward
 
     def _over_start(self, verdict: dict[str, Any]) -> float | None:
         start, ref = self.result.start_ref_speedup, verdict.get("speedup")
@@ -412,10 +374,6 @@ def _restrict_to_applicable(graph: Graph, applicable: dict[str, str | None]) -> 
         locals=runnable,
         edges=graph.edges,
     )
-
-
-def _feedback_tag(status: str) -> str:
-    return {"not_improved": "slower"}.get(status, status)
 
 
 def _excerpt(source: str, limit: int = 600) -> str:

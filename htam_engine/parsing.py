@@ -16,8 +16,8 @@ import tree_sitter_cuda
 import tree_sitter_python
 from tree_sitter import Language, Node, Parser, Tree
 
-LANGUAGES = ("cuda", "cpp", "python")
-FAMILIES = ("elementwise", "reduction", "matmul", "fused", "unknown")
+from htam_engine.vocabulary import LANGUAGES
+
 SOURCE_KWARGS = {"cpp_sources": "cpp", "cuda_sources": "cuda"}
 LOADERS = ("load_inline", "load_cpp")
 LOOP_TYPES = ("for_statement", "while_statement", "do_statement")

@@ -11,12 +11,15 @@ import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from htam_engine import parsing
 from htam_engine.state import State
 from htam_lsp.discovery import Unit
 from htam_lsp.documents import Document, uri_path
+
+if TYPE_CHECKING:
+    from htam_engine.episode import Episode
 
 REFERENCE_GLOB = "*ref*.py"
 DIRECTIVE_BYTES = 4096  # the directive sits on one of the first lines
@@ -107,17 +110,27 @@ def _features(doc: Document, unit: Unit, back: str) -> set[str]:
     return parsing.features(doc.source[unit.start_byte : unit.end_byte], back)
 
 
-def state(doc: Document, unit: Unit) -> State:
-    """s_t before any step: context and static features of this kernel, no feedback yet."""
+def episode(doc: Document) -> Episode:
+    """The run a step on this document would start, as the loop builds it."""
+    from htam_engine.episode import Episode, task_signature
+
     back = backend(doc)
     family = _cached(doc, "family", lambda: _family(doc))
-    return State(
-        backend=back,
-        family=family,
-        task_signature=f"{back}:{family}:{Path(uri_path(doc.uri) or doc.uri).stem}",
-        features=_features(doc, unit, back),
-        feedback={"first_step"},
-    )
+    return Episode(back, family, task_signature(back, family, _task_name(doc)))
+
+
+def _task_name(doc: Document) -> str:
+    """The loop's task name: from the bound reference, else from the document itself."""
+    from htam_engine.task import task_name
+
+    path = Path(uri_path(doc.uri) or doc.uri)
+    reference = binding(doc).get("reference")
+    return task_name(path.parent / reference if reference else path)
+
+
+def state(doc: Document, unit: Unit) -> State:
+    """s_t before any step: context and static features of this kernel, no feedback yet."""
+    return episode(doc).state(_features(doc, unit, backend(doc)))
 
 
 def preview(doc: Document, unit: Unit, graph: Any) -> tuple[str, dict[str, Any]]:
@@ -126,9 +139,6 @@ def preview(doc: Document, unit: Unit, graph: Any) -> tuple[str, dict[str, Any]]
 
 
 def _preview(doc: Document, unit: Unit, graph: Any) -> tuple[str, dict[str, Any]]:
-    from htam_engine.policy import PolicyConfig, make_prefix, select_global
-
-    config = PolicyConfig()
     s = state(doc, unit)
-    decision = select_global(graph, make_prefix([], config.K), s, config, random.Random(0))
+    decision = episode(doc).choose_global(graph, s, random.Random(0))
     return s.describe(), decision.to_json()

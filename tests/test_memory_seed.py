@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from htam_engine.memory import BACKENDS, MECHANICAL_IDS, START, load_seed
+from htam_engine.memory import START, load_seed
+from htam_engine.strategies import REGISTRY
+from htam_engine.vocabulary import BACKENDS, state_tags
 
 MIN_COUNTS = {"cuda": (7, 35), "cpu": (5, 15)}
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
@@ -18,9 +20,6 @@ def _doc_section(title: str) -> set[str]:
     text = ARCHITECTURE.read_text(encoding="utf-8")
     section = text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
     return set(re.findall(r"`([a-z_.A-Z0-9]+)`", section))
-
-
-TAGS = _doc_section("Feature tags")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -58,17 +57,17 @@ def test_mechanical_ids_are_registered_names_of_this_backend(backend: str) -> No
     documented = {
         w for w in _doc_section("Mechanical strategy ids") if w.startswith(("cuda.", "cpu."))
     }
-    assert used <= MECHANICAL_IDS == documented
+    assert used <= set(REGISTRY) == documented
     assert all(m.startswith(f"{backend}.") for m in used)
-    assert used == {m for m in MECHANICAL_IDS if m.startswith(f"{backend}.")}
+    assert used == {m for m in REGISTRY if m.startswith(f"{backend}.")}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_triggers_and_applicability_use_the_shared_vocabulary(backend: str) -> None:
+def test_every_trigger_and_applicability_tag_is_one_a_state_can_carry(backend: str) -> None:
     graph = load_seed(backend)
-    words = {t for g in graph.globals.values() for t in g.triggers}
-    words |= {t for lo in graph.locals.values() for t in lo.applicability}
-    assert words <= TAGS, words - TAGS
+    named = {tag for node in graph.globals.values() for tag in node.triggers}
+    named |= {tag for node in graph.locals.values() for tag in node.applicability}
+    assert named - state_tags(backend) == set(), "a seed names a tag that nothing produces"
 
 
 def test_prompt_texts_are_bounded_and_carry_evidence() -> None:

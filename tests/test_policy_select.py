@@ -9,10 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from htam_engine.memory import EVIDENCE_BOUND, START, STATUSES, Graph, Outcome, load_seed
+from htam_engine.memory import EVIDENCE_BOUND, START, Graph, Outcome, load_seed
 from htam_engine.policy import (
     MODES,
-    PENALTIES,
     EvidenceLocalSelector,
     NoApplicableStrategy,
     PolicyConfig,
@@ -21,8 +20,11 @@ from htam_engine.policy import (
     select_global,
 )
 from htam_engine.state import PathEntry, State
+from htam_engine.vocabulary import STATUS_TABLE, Status
 
 GRAPHS = {backend: load_seed(backend) for backend in ("cuda", "cpu")}
+
+STATUSES = tuple(STATUS_TABLE)
 
 
 def state(backend: str = "cuda", path: list[PathEntry] | None = None, **kw: object) -> State:
@@ -274,7 +276,7 @@ def test_reward_is_log_speedup_when_correct_and_a_penalty_otherwise() -> None:
     assert reward("improved", 2.0) == pytest.approx(math.log(2.0))
     assert reward("not_improved", 0.5) < 0 < reward("improved", 1.1)
     assert reward("not_improved", None) == 0.0
-    assert reward("incorrect", 3.0) == PENALTIES["incorrect"] < reward("compile_error", None)
+    assert reward("incorrect", 3.0) == Status.INCORRECT.info.penalty < reward("compile_error", None)
     with pytest.raises(ValueError):
         reward("bogus", 1.0)
 

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from htam_engine.memory.model import BACKENDS, START, Graph, MemoryDataError
+from htam_engine.memory.model import START, Graph, MemoryDataError
 from htam_engine.memory.store import MemoryStore, MemoryStoreError
+from htam_engine.vocabulary import BACKENDS
 
 
 def register(subparsers: Any) -> None:

@@ -15,36 +15,12 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from htam_engine.vocabulary import BACKENDS, STATUS_TABLE
+
 START = "START"
-BACKENDS = ("cuda", "cpu")
 SEED_SCHEMA_VERSION = 1
 EVIDENCE_BOUND = 5
 TREND_RATE = 0.3
-STATUSES = (
-    "improved",
-    "not_improved",
-    "incorrect",
-    "compile_error",
-    "no_code",
-    "crash",
-    "timeout",
-)
-MECHANICAL_IDS = frozenset(
-    {
-        "cuda.block_size",
-        "cuda.restrict_const",
-        "cuda.pragma_unroll",
-        "cuda.launch_bounds",
-        "cuda.grid_stride",
-        "cuda.vectorize_float4",
-        "cuda.fast_math",
-        "cpu.omp_parallel_for",
-        "cpu.omp_simd",
-        "cpu.opt_flags",
-        "cpu.restrict",
-        "cpu.cache_block",
-    }
-)
 GLOBAL_PROMPT_CHARS = 700
 LOCAL_PROMPT_CHARS = 1200
 EXCERPT_CHARS = 400
@@ -143,7 +119,7 @@ class Evidence:
     @classmethod
     def from_json(cls, data: Any, where: str = "evidence") -> Evidence:
         status = _require(data, "status", str, where)
-        if status not in STATUSES:
+        if status not in STATUS_TABLE:
             raise MemoryDataError(f"{where}: unknown status {status!r}")
         numbers = {}
         for key in ("speedup", "runtime_ms"):
@@ -350,7 +326,7 @@ class Graph:
 
     def check_outcome(self, outcome: Outcome) -> None:
         """Reject an outcome that names nodes this graph does not have."""
-        if outcome.status not in STATUSES:
+        if outcome.status not in STATUS_TABLE:
             raise MemoryDataError(f"unknown outcome status {outcome.status!r}")
         if len(outcome.alphas) != len(outcome.prefix) or not math.isfinite(outcome.reward):
             raise MemoryDataError("outcome needs one alpha per prefix entry and a finite reward")

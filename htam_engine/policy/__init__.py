@@ -2,7 +2,6 @@
 
 from htam_engine.policy.global_select import (
     MODES,
-    RELEVANCE,
     Candidate,
     EdgeTerm,
     GlobalDecision,
@@ -19,13 +18,11 @@ from htam_engine.policy.local_select import (
     LocalSelector,
     NoApplicableStrategy,
 )
-from htam_engine.policy.reward import PENALTIES, reward
+from htam_engine.policy.reward import reward
 
 __all__ = [
     "MODES",
     "NoApplicableStrategy",
-    "PENALTIES",
-    "RELEVANCE",
     "Candidate",
     "EdgeTerm",
     "EvidenceLocalSelector",

@@ -4,8 +4,8 @@ score(g) = sum_k alpha_k U(g_{t-k} -> g) + beta U(g) + gamma trigger(g, s_t)
 alpha    = softmax_k(-lam (k - 1) + relevance_k)
 pi(g)    = softmax(score / tau), sampled from a seeded RNG.
 
-relevance_k comes from how step t-k ended (RELEVANCE): a step that improved the kernel
-tells more about what should follow than one that failed to compile.
+relevance_k comes from how step t-k ended (`STATUS_TABLE` in htam_engine.vocabulary): a
+step that improved the kernel tells more about what should follow than one that failed.
 """
 
 from __future__ import annotations
@@ -18,18 +18,10 @@ from typing import Any, Literal
 
 from htam_engine.memory.model import START, Graph, LocalNode, Stats
 from htam_engine.state import PathEntry, State
+from htam_engine.vocabulary import STATUS_TABLE
 
 Mode = Literal["htam", "no_transitions", "flat", "no_local", "random"]
 MODES: tuple[str, ...] = ("htam", "no_transitions", "flat", "no_local", "random")
-RELEVANCE: dict[str, float] = {
-    "improved": 1.0,
-    "not_improved": 0.0,
-    "incorrect": -0.5,
-    "compile_error": -0.5,
-    "no_code": -0.5,
-    "crash": -0.5,
-    "timeout": -0.5,
-}
 
 
 @dataclass(frozen=True)
@@ -120,13 +112,18 @@ def make_prefix(path: Sequence[PathEntry], K: int) -> list[str]:
     return [START] * (K - len(recent)) + recent
 
 
+def _relevance(status: str) -> float:
+    info = STATUS_TABLE.get(status)
+    return info.relevance if info else 0.0
+
+
 def prefix_weights(prefix: Sequence[str], state: State, lam: float) -> list[PrefixWeight]:
     """alpha_k for k = 1 (most recent) .. len(prefix), from position and step outcome."""
     raw = []
     for k in range(1, len(prefix) + 1):
         source = prefix[-k]
         entry = state.path[-k] if k <= len(state.path) else None
-        relevance = RELEVANCE.get(entry.status, 0.0) if entry and entry.global_id == source else 0.0
+        relevance = _relevance(entry.status) if entry and entry.global_id == source else 0.0
         raw.append((k, source, relevance, -lam * (k - 1) + relevance))
     alphas = softmax([logit for *_, logit in raw])
     return [PrefixWeight(k, s, r, a) for (k, s, r, _), a in zip(raw, alphas, strict=True)]

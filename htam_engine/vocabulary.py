@@ -1,0 +1,119 @@
+"""The words every part of HTAM shares: step statuses, backends, devices, languages, tags.
+
+Dependency-free, so the language server, the loop, the policy, the memory's validation
+and the benchmarks all read the same table instead of keeping copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal, get_args
+
+Backend = Literal["cuda", "cpu"]
+Device = Literal["cuda", "cpu"]
+Language = Literal["cuda", "cpp", "python"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+DEVICES: tuple[Device, ...] = get_args(Device)
+LANGUAGES: tuple[Language, ...] = get_args(Language)
+
+
+class Status(StrEnum):
+    """How one step ended, as the memory learns it."""
+
+    IMPROVED = "improved"
+    NOT_IMPROVED = "not_improved"
+    INCORRECT = "incorrect"
+    COMPILE_ERROR = "compile_error"
+    NO_CODE = "no_code"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+
+    @property
+    def info(self) -> StatusInfo:
+        return STATUS_TABLE[self]
+
+    @property
+    def correct(self) -> bool:
+        return self in (Status.IMPROVED, Status.NOT_IMPROVED)
+
+
+@dataclass(frozen=True)
+class StatusInfo:
+    """penalty: the fixed reward of a failed step (None: the reward is the log speedup);
+    relevance: how much a step that ended so says about what should follow (the policy's
+    prefix weights); feedback: the tag the next state carries (seed triggers match it)."""
+
+    penalty: float | None
+    relevance: float
+    feedback: str
+
+
+# A wrong answer is worse than code that does not build, which is worse than no code at
+# all (nothing was risked). A step that improved tells most about what should follow.
+STATUS_TABLE: dict[str, StatusInfo] = {  # keyed by Status; a plain str finds it too
+    Status.IMPROVED: StatusInfo(None, 1.0, "improved"),
+    Status.NOT_IMPROVED: StatusInfo(None, 0.0, "slower"),
+    Status.INCORRECT: StatusInfo(-1.0, -0.5, "incorrect"),
+    Status.CRASH: StatusInfo(-1.0, -0.5, "crash"),
+    Status.TIMEOUT: StatusInfo(-0.75, -0.5, "timeout"),
+    Status.COMPILE_ERROR: StatusInfo(-0.5, -0.5, "compile_error"),
+    Status.NO_CODE: StatusInfo(-0.25, -0.5, "no_code"),
+}
+FIRST_STEP = "first_step"  # the feedback tag of a run's first state
+FEEDBACK_TAGS = frozenset({FIRST_STEP, *(info.feedback for info in STATUS_TABLE.values())})
+
+FAMILIES = ("elementwise", "reduction", "matmul", "fused", "unknown")
+# Every static feature tag `parsing.features` can produce, per backend.
+FEATURE_TAGS: dict[Backend, frozenset[str]] = {
+    "cuda": frozenset(
+        {
+            "shared_memory",
+            "no_shared_memory",
+            "vectorized_loads",
+            "scalar_loads",
+            "grid_stride",
+            "no_grid_stride",
+            "restrict_pointers",
+            "no_restrict",
+            "launch_bounds",
+            "no_launch_bounds",
+            "pragma_unroll",
+            "fixed_trip_loop",
+            "loops",
+            "nested_loops",
+            "atomics",
+            "warp_shuffle",
+            "syncthreads",
+            "tensor_cores",
+            "half_precision",
+            "multiple_kernels",
+            "small_block",
+            "large_block",
+            "fast_math",
+            "no_fast_math",
+        }
+    ),  # fmt: skip
+    "cpu": frozenset(
+        {
+            "openmp",
+            "no_openmp",
+            "simd_pragma",
+            "no_simd",
+            "opt_O3",
+            "low_opt",
+            "march_native",
+            "restrict_pointers",
+            "no_restrict",
+            "loops",
+            "nested_loops",
+            "blocked_loops",
+            "fixed_trip_loop",
+        }
+    ),  # fmt: skip
+}
+
+
+def state_tags(backend: Backend) -> frozenset[str]:
+    """Every tag a state of `backend` can carry: what a seed trigger may name."""
+    return FEATURE_TAGS[backend] | FEEDBACK_TAGS | set(FAMILIES) | {backend}
