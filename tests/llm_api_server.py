@@ -2,7 +2,10 @@
 OpenAI chat completions API (`/v1/chat/completions`), with scripted replies and errors.
 
 Tests queue `Reply` objects; each request takes the next one (a plain success once the
-queue is empty) and is recorded with its headers and JSON body.
+queue is empty) and is recorded with its headers and JSON body. A request with
+`"stream": true` is answered with server-sent events, as the real APIs do: the text in
+pieces, optionally slowly (`piece_delay_s`) or stalling after some pieces (`stall_after`)
+until the client hangs up or the server stops; `hangups` counts clients that hung up.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     raw_body: bytes | None = None
+    tool_input: dict[str, Any] | None = None  # Anthropic: answer with this tool call
+    finish: str = "stop"  # "length": cut off at max_tokens (Anthropic: "max_tokens")
+    piece_delay_s: float = 0.0
+    stall_after: int | None = None
+    stall_silent: bool = False  # stall without a byte (else SSE comments keep it alive)
+    usage: bool = True  # OpenAI stream: send the usage chunk when asked for it
 
 
 @dataclass
@@ -79,12 +88,68 @@ def _openai_body(reply: Reply, model: str) -> dict[str, Any]:
     }
 
 
+PIECE = 8  # characters per streamed piece
+
+
+def _pieces(text: str) -> list[str]:
+    return [text[i : i + PIECE] for i in range(0, len(text), PIECE)] or [""]
+
+
+def _openai_events(reply: Reply, body: dict[str, Any]) -> list[dict[str, Any]]:
+    head = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0}
+    head["model"] = body.get("model", "")
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    events = [chunk({"role": "assistant", "content": p}, None) for p in _pieces(reply.text)]
+    events.append(chunk({}, reply.finish))
+    if reply.usage and (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": reply.input_tokens, "completion_tokens": reply.output_tokens}
+        usage["total_tokens"] = reply.input_tokens + reply.output_tokens
+        events.append({**head, "choices": [], "usage": usage})
+    return events
+
+
+def _anthropic_events(reply: Reply, body: dict[str, Any]) -> list[dict[str, Any]]:
+    message = _anthropic_body(reply, body.get("model", "")) | {"content": []}
+    message["usage"] = {"input_tokens": reply.input_tokens, "output_tokens": 1}
+    if reply.tool_input is not None:
+        name = (body.get("tool_choice") or {}).get("name", "tool")
+        block = {"type": "tool_use", "id": "toolu_test", "name": name, "input": {}}
+        text = json.dumps(reply.tool_input)
+        deltas = [{"type": "input_json_delta", "partial_json": p} for p in _pieces(text)]
+    else:
+        block = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": p} for p in _pieces(reply.text)]
+    stop = "max_tokens" if reply.finish == "length" else "end_turn"
+    return [
+        {"type": "message_start", "message": message},
+        {"type": "content_block_start", "index": 0, "content_block": block},
+        *({"type": "content_block_delta", "index": 0, "delta": d} for d in deltas),
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop, "stop_sequence": None},
+            "usage": {"output_tokens": reply.output_tokens},
+        },
+        {"type": "message_stop"},
+    ]
+
+
+def sse(event: dict[str, Any], anthropic: bool) -> bytes:
+    name = f"event: {event['type']}\n" if anthropic else ""
+    return f"{name}data: {json.dumps(event)}\n\n".encode()
+
+
 class ScriptedAPIServer:
     """127.0.0.1 on an ephemeral port, in a daemon thread; use as a context manager."""
 
     def __init__(self) -> None:
         self.replies: deque[Reply] = deque()
         self.requests: list[Request] = []
+        self.hangups = 0
+        self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
@@ -104,6 +169,7 @@ class ScriptedAPIServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -111,6 +177,32 @@ class ScriptedAPIServer:
         with self._lock:
             self.requests.append(request)
             return self.replies.popleft() if self.replies else Reply()
+
+    def _hung_up(self) -> None:
+        with self._lock:
+            self.hangups += 1
+
+    def _stream(self, handler: BaseHTTPRequestHandler, reply: Reply, body: dict[str, Any]) -> None:
+        """Server-sent events, one piece at a time; a stall waits until the client hangs
+        up (the next write fails) or the server stops."""
+        anthropic = handler.path == ANTHROPIC_PATH
+        events = (_anthropic_events if anthropic else _openai_events)(reply, body)
+        payloads = [sse(event, anthropic) for event in events]
+        if not anthropic:
+            payloads.append(b"data: [DONE]\n\n")
+        handler.send_response(200)
+        handler.send_header("content-type", "text/event-stream")
+        handler.end_headers()
+        for index, payload in enumerate(payloads):
+            if reply.stall_after is not None and index >= reply.stall_after:
+                while not self._stopping.wait(0.05):
+                    if not reply.stall_silent:
+                        handler.wfile.write(b": ping\n\n")  # an SSE comment: no data
+                        handler.wfile.flush()
+                return
+            handler.wfile.write(payload)
+            handler.wfile.flush()
+            time.sleep(reply.piece_delay_s)
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -124,11 +216,20 @@ class ScriptedAPIServer:
                 if self.path not in (ANTHROPIC_PATH, OPENAI_PATH):
                     reply = Reply(status=404, raw_body=b'{"error": "no such endpoint"}')
                 time.sleep(reply.delay_s)
+                try:
+                    if body.get("stream") and reply.status < 400 and reply.raw_body is None:
+                        server._stream(self, reply, body)
+                        return
+                except (BrokenPipeError, ConnectionResetError):
+                    server._hung_up()
+                    return
                 make = _anthropic_body if self.path == ANTHROPIC_PATH else _openai_body
                 payload = reply.raw_body or json.dumps(make(reply, body.get("model", ""))).encode()
                 try:
                     self.send_response(reply.status)
-                    self.send_header("content-type", "application/json")
+                    streamed = body.get("stream") and reply.status < 400
+                    kind = "text/event-stream" if streamed else "application/json"
+                    self.send_header("content-type", kind)
                     self.send_header("content-length", str(len(payload)))
                     for name, value in reply.headers.items():
                         self.send_header(name, value)

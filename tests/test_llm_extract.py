@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from htam_engine.llm.extract import extract_code, extract_json, fenced_blocks, parses
+from htam_engine.llm.extract import (
+    check_code,
+    extract_code,
+    extract_json,
+    fenced_blocks,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llm"
 
@@ -53,7 +58,8 @@ def test_missing_fence_whole_text_that_parses() -> None:
 
 def test_missing_fence_with_leading_prose() -> None:
     text = (
-        "Here is the implementation.\nimport torch\n\nclass ModelNew(torch.nn.Module):\n    pass\n"
+        "Here is the implementation.\nimport torch\n\nclass ModelNew(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return x\n"
     )
     code = extract_code(text, "python")
     assert code is not None and code.startswith("import torch")
@@ -85,7 +91,7 @@ def test_cuda_constructs_parse_cleanly() -> None:
         "  #pragma unroll\n  for (int i = 0; i < 4; ++i) { float4 v = ((const float4*)x)[i]; }\n}\n"
         'extern "C" void run(float* x) { k<256><<<1, 256>>>(x); }\n'
     )
-    assert parses(source, "cuda")
+    assert check_code(source, "cuda") is None
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,10 @@ def test_generation_prompt_rejects_unknown_language() -> None:
 def test_prompt_asks_for_what_extraction_accepts() -> None:
     system, _prompt = generation_prompt(TASK, CODE, "", "", None, [], "python")
     assert "ModelNew" in system and "```python" in system
-    answer = "```python\nimport torch\n\nclass ModelNew(torch.nn.Module):\n    pass\n```"
+    answer = (
+        "```python\nimport torch\n\nclass ModelNew(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return x\n```"
+    )
     assert extract_code(answer, "python") is not None
 
 

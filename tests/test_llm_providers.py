@@ -168,10 +168,14 @@ def test_timeout_is_retried_then_reported(kind: str, server: ScriptedAPIServer) 
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b'{"id": "x", "content": [tru', "malformed JSON"),
-        (b"{}", "unexpected .* response"),
-        (b"null", "unexpected .* response"),
-        (b'{"choices": [], "content": [{"type": "text"}]}', "unexpected .* response"),
+        (b'event: message_start\ndata: {"id": "x", "content": [tru\n\n', "malformed JSON"),
+        (b": a comment and no event\n\n", "unexpected .* response"),
+        (b"event: message_start\ndata: null\n\n", "unexpected .* stream"),
+        (
+            b'event: content_block_delta\ndata: {"type": "content_block_delta", "delta": 7, '
+            b'"choices": [{"delta": 7}]}\n\n',
+            "unexpected .* stream",
+        ),
     ],
 )
 def test_malformed_body(kind: str, body: bytes, message: str, server: ScriptedAPIServer) -> None:

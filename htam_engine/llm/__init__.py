@@ -1,5 +1,6 @@
 """LLM providers (anthropic, openai-compatible, replay; offline = None), prompts,
-answer extraction and token counting.
+structured choices, answer extraction, call limits and budgets, repair and best-of-k,
+and token counting.
 
 Names are loaded on first use: the SDKs take seconds to import, and the language server
 imports `htam_engine.llm.choice` (which provider would run, and why) without them.
@@ -11,32 +12,63 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from htam_engine.llm.base import Completion, LLMError, Provider, Usage, redact, register_secret
+    from htam_engine.llm.base import (
+        Completion,
+        JsonSchema,
+        LLMError,
+        Provider,
+        Usage,
+        redact,
+        register_secret,
+    )
     from htam_engine.llm.choice import DEFAULT_MODELS, PROVIDERS, choose_provider
-    from htam_engine.llm.extract import extract_code, extract_json
+    from htam_engine.llm.codegen import (
+        Generated,
+        failure_text,
+        generate,
+        generate_candidates,
+        needs_repair,
+        repair,
+    )
+    from htam_engine.llm.extract import CodeAnswer, extract_candidate, extract_code, extract_json
     from htam_engine.llm.factory import make_provider
+    from htam_engine.llm.limits import LIMITS, BudgetExhausted, RunBudget, limit_for
     from htam_engine.llm.prices import PriceTable, load_prices
-    from htam_engine.llm.prompts import generation_prompt, local_selection_prompt
+    from htam_engine.llm.prompts import generation_prompt, local_selection_prompt, repair_prompt
     from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider, RetryPolicy
     from htam_engine.llm.replay import Recorder, ReplayProvider
+    from htam_engine.llm.structured import Choice, choice_schema, parse_choice
     from htam_engine.llm.tokens import count_tokens, tokenizer_name, truncate_tokens
 
 _HOME = {
-    "base": ["Completion", "LLMError", "Provider", "Usage", "redact", "register_secret"],
+    "base": [
+        "Completion", "JsonSchema", "LLMError", "Provider", "Usage", "redact", "register_secret",
+    ],
     "choice": ["DEFAULT_MODELS", "PROVIDERS", "choose_provider"],
-    "extract": ["extract_code", "extract_json"],
+    "codegen": [
+        "Generated", "failure_text", "generate", "generate_candidates", "needs_repair", "repair",
+    ],
+    "extract": ["CodeAnswer", "extract_candidate", "extract_code", "extract_json"],
     "factory": ["make_provider"],
+    "limits": ["LIMITS", "BudgetExhausted", "RunBudget", "limit_for"],
     "prices": ["PriceTable", "load_prices"],
-    "prompts": ["generation_prompt", "local_selection_prompt"],
+    "prompts": ["generation_prompt", "local_selection_prompt", "repair_prompt"],
     "remote": ["AnthropicProvider", "OpenAIProvider", "RetryPolicy"],
     "replay": ["Recorder", "ReplayProvider"],
+    "structured": ["Choice", "choice_schema", "parse_choice"],
     "tokens": ["count_tokens", "tokenizer_name", "truncate_tokens"],
-}
+}  # fmt: skip
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
     "AnthropicProvider",
+    "BudgetExhausted",
+    "Choice",
+    "CodeAnswer",
     "Completion",
     "DEFAULT_MODELS",
+    "Generated",
+    "JsonSchema",
+    "LIMITS",
     "LLMError",
     "OpenAIProvider",
     "PROVIDERS",
@@ -45,17 +77,28 @@ __all__ = [
     "Recorder",
     "ReplayProvider",
     "RetryPolicy",
+    "RunBudget",
     "Usage",
+    "choice_schema",
     "choose_provider",
     "count_tokens",
+    "extract_candidate",
     "extract_code",
     "extract_json",
+    "failure_text",
+    "generate",
+    "generate_candidates",
     "generation_prompt",
+    "limit_for",
     "load_prices",
     "local_selection_prompt",
     "make_provider",
+    "needs_repair",
+    "parse_choice",
     "redact",
     "register_secret",
+    "repair",
+    "repair_prompt",
     "tokenizer_name",
     "truncate_tokens",
 ]

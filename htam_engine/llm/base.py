@@ -1,51 +1,50 @@
-"""The provider interface, completions, errors, redaction and run totals."""
+"""The provider interface, completions, run totals (and, re-exported, errors and redaction)."""
 
 from __future__ import annotations
 
-import re
+import copy
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# Shapes of API keys that must never reach a file even if nobody registered them.
-_KEY_PATTERNS = (
-    re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{8,}"),
-    re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"),
-    re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._\-]{16,}"),
-    re.compile(r"(?i)(x-api-key['\"]?\s*[:=]\s*['\"]?)[A-Za-z0-9._\-]{8,}"),
-)
-REDACTED = "[REDACTED]"
+from htam_engine.llm.errors import REDACTED, LLMError, redact, register_secret
+from htam_engine.llm.limits import RunBudget, limit_for
+from htam_engine.llm.tokens import count_tokens
 
-_known_secrets: set[str] = set()
+__all__ = [
+    "REDACTED",
+    "Completion",
+    "JsonSchema",
+    "LLMError",
+    "Provider",
+    "Usage",
+    "redact",
+    "register_secret",
+]
 
-
-class LLMError(Exception):
-    """A provider call failed for good (after retries), or a provider is misconfigured."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(redact(message))
-
-
-def register_secret(secret: str | None) -> None:
-    """Remember a key so that `redact` masks it wherever it shows up."""
-    if secret and len(secret) >= 4:
-        _known_secrets.add(secret)
+# How an answer's cost is known: from the price table, zero for a server on this
+# machine or network, or not at all (a remote model with no listed price).
+PRICINGS = ("listed", "local", "unknown")
 
 
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """Mask registered keys, the given `secrets` and anything shaped like an API key."""
-    for secret in sorted({*_known_secrets, *secrets}, key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, REDACTED)
-    for pattern in _KEY_PATTERNS:
-        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + REDACTED, text)
-    return text
+@dataclass(frozen=True)
+class JsonSchema:
+    """The JSON object an answer must be: Anthropic's tool input, OpenAI's json_schema."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Completion:
-    """One answer. `cost_usd` is 0 for cached answers: nothing was paid for them."""
+    """One answer. `cost_usd` is 0 for cached answers: nothing was paid for them.
+
+    `form` says how the answer was constrained: `text` (free text), `tool` (Anthropic
+    tool use), `json_schema` / `json_object` (OpenAI response_format) or `prompted`
+    (JSON asked for in the prompt only). `truncated`: the answer hit `max_tokens`.
+    """
 
     text: str
     input_tokens: int
@@ -53,6 +52,9 @@ class Completion:
     cost_usd: float
     cached: bool
     latency_s: float
+    form: str = "text"
+    truncated: bool = False
+    pricing: str = "listed"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,7 +62,7 @@ class Completion:
 
 @dataclass
 class Usage:
-    """Totals over one run (one provider object)."""
+    """Totals over one run (one provider object); `pricings` of the calls paid for."""
 
     calls: int = 0
     cached_calls: int = 0
@@ -68,6 +70,7 @@ class Usage:
     output_tokens: int = 0
     cost_usd: float = 0.0
     by_purpose: dict[str, float] = field(default_factory=dict)
+    pricings: list[str] = field(default_factory=list)
 
     def add(self, completion: Completion, purpose: str) -> None:
         self.calls += 1
@@ -77,27 +80,99 @@ class Usage:
         self.cost_usd += completion.cost_usd
         key = purpose or "other"
         self.by_purpose[key] = self.by_purpose.get(key, 0.0) + completion.cost_usd
+        if not completion.cached and completion.pricing not in self.pricings:
+            self.pricings.append(completion.pricing)
+
+    def since(self, before: Usage) -> Usage:
+        """What was used after `before` (a `copy()` taken earlier): one step's usage."""
+        return Usage(
+            calls=self.calls - before.calls,
+            cached_calls=self.cached_calls - before.cached_calls,
+            input_tokens=self.input_tokens - before.input_tokens,
+            output_tokens=self.output_tokens - before.output_tokens,
+            cost_usd=self.cost_usd - before.cost_usd,
+            by_purpose={
+                key: cost - before.by_purpose.get(key, 0.0) for key, cost in self.by_purpose.items()
+            },
+            pricings=list(self.pricings),  # one provider prices every call the same way
+        )
+
+    def copy(self) -> Usage:
+        return copy.deepcopy(self)
+
+    def cost_note(self) -> str:
+        """`listed`, `local` (counted, free), `unknown`, or `listed+unknown` and the like."""
+        return "+".join(self.pricings) if self.pricings else "none"
+
+    def line(self) -> str:
+        """One line for reports: calls, tokens and what the cost means."""
+        cached = f" ({self.cached_calls} cached)" if self.cached_calls else ""
+        tokens = f"{self.input_tokens:,} in / {self.output_tokens:,} out tokens"
+        return f"LLM: {self.calls} calls{cached}, {tokens}, {self._cost_text()}"
+
+    def _cost_text(self) -> str:
+        if "unknown" in self.pricings:
+            known = f"${self.cost_usd:.4f} listed + " if "listed" in self.pricings else ""
+            return f"cost: {known}unknown (no listed price; see HTAM_PRICES)"
+        if self.pricings == ["local"]:
+            return "$0 (local server)"
+        note = " (local calls free)" if "local" in self.pricings else ""
+        return f"${self.cost_usd:.4f}{note}"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "cost_note": self.cost_note()}
 
 
 class Provider(ABC):
-    """An LLM that answers (system, prompt) with a `Completion`, or raises `LLMError`."""
+    """An LLM that answers (system, prompt) with a `Completion`, or raises `LLMError`.
+
+    `budget` (a `RunBudget`, set by `make_provider`) is checked before every call and
+    charged after it; `max_tokens` defaults to the purpose's limit (`limits.LIMITS`).
+    """
 
     name: str
     model: str
 
     def __init__(self) -> None:
         self.usage = Usage()
+        self.budget: RunBudget | None = None
+        self._usage_lock = threading.Lock()
 
     def complete(
-        self, system: str, prompt: str, *, max_tokens: int = 4096, purpose: str = ""
+        self,
+        system: str,
+        prompt: str,
+        *,
+        max_tokens: int | None = None,
+        purpose: str = "",
+        schema: JsonSchema | None = None,
+        sample: int = 0,
     ) -> Completion:
-        completion = self._complete(system, prompt, max_tokens=max_tokens, purpose=purpose)
-        self.usage.add(completion, purpose)
+        """One answer. With `schema`, the answer's text is JSON in the most constrained
+        form the provider supports (`Completion.form`). `sample` > 0 asks for another
+        independent answer to the same prompt (best-of-k), never a cached copy of #0."""
+        limit = max_tokens or limit_for(purpose).max_tokens
+        if self.budget is not None:
+            limit = self.budget.allow(purpose, count_tokens(system + prompt), limit)
+        completion = self._complete(
+            system, prompt, max_tokens=limit, purpose=purpose, schema=schema, sample=sample
+        )
+        if self.budget is not None and not completion.cached:
+            tokens = completion.input_tokens + completion.output_tokens
+            self.budget.charge(tokens, completion.cost_usd)
+        with self._usage_lock:
+            self.usage.add(completion, purpose)
         return completion
 
     @abstractmethod
-    def _complete(self, system: str, prompt: str, *, max_tokens: int, purpose: str) -> Completion:
-        """Produce one completion; `complete` does the run accounting."""
+    def _complete(
+        self,
+        system: str,
+        prompt: str,
+        *,
+        max_tokens: int,
+        purpose: str,
+        schema: JsonSchema | None,
+        sample: int,
+    ) -> Completion:
+        """Produce one completion; `complete` does the limits and the run accounting."""

@@ -1,7 +1,8 @@
 """Pull code and JSON out of LLM answers, robustly; None when there is nothing usable.
 
-Code is accepted only if tree-sitter parses it without ERROR or MISSING nodes, so a
-truncated or garbled answer becomes a "no code" outcome, never a compile attempt.
+Code is accepted only if it parses (Python's own parser; tree-sitter with no ERROR or
+MISSING node for CUDA/C++) and defines what the evaluator will call, so a truncated or
+garbled answer becomes a "no code" outcome with its reason, never a compile attempt.
 """
 
 from __future__ import annotations
@@ -59,14 +60,6 @@ def _parser(language: str) -> Parser:
     return Parser(Language(grammar.language()))
 
 
-def parses(code: str, language: str) -> bool:
-    """True if `code` parses with no ERROR/MISSING node and has a top-level definition."""
-    root: Node = _parser(language).parse(code.encode("utf-8")).root_node
-    if root.has_error:
-        return False
-    return any(child.type in _CODE_NODES[language] for child in root.children)
-
-
 def fenced_blocks(text: str) -> list[Block]:
     """Fenced blocks in order; a last fence with no closing fence gives an open block."""
     blocks: list[Block] = []
@@ -95,33 +88,125 @@ def _score(block: Block, language: str) -> tuple[int, int, int]:
     return full, tag_match, len(code)
 
 
-def extract_code(text: str, language: str) -> str | None:
-    """The implementation in an LLM answer, or None (no block, truncated, or unparsable).
+@dataclass(frozen=True)
+class CodeAnswer:
+    """The usable code of an answer, or None and the reason it cannot be compiled."""
 
-    Among several blocks the one that is a full implementation wins; Python code must
-    define `ModelNew`. With no fence, the answer (or its part from the first line that
-    starts code) counts if it parses.
+    code: str | None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"code": self.code, "reason": self.reason}
+
+
+def extract_candidate(
+    text: str, language: str, *, entry: str | None = None, truncated: bool = False
+) -> CodeAnswer:
+    """The implementation in an LLM answer, or why there is none (for a `no_code` step).
+
+    Among several blocks the one that is a full implementation wins. With no fence, the
+    answer (or its part from the first line that starts code) counts. Code is usable
+    only if `check_code` accepts it: it parses, in the right language, and defines
+    `ModelNew.forward` (Python) or the bound `entry` function (CUDA/C++).
     """
     if language not in LANGUAGES:
         raise ValueError(f"language must be one of {', '.join(LANGUAGES)}, not {language!r}")
+    if not text.strip():
+        return CodeAnswer(None, "empty answer")
     blocks = fenced_blocks(text)
     if blocks:
         ranked = sorted(blocks, key=lambda b: _score(b, language), reverse=True)
         candidates = [b.code for b in ranked]
     else:
         start = _CODE_START[language].search(text)
-        candidates = [text] + ([text[start.start() :]] if start else [])
+        if start is None:
+            return CodeAnswer(None, _truncated("no code in the answer", truncated))
+        candidates = [text, text[start.start() :]]
+    reasons = []
     for code in candidates:
         code = code.strip("\n")
-        if _acceptable(code, language):
-            return code + "\n"
+        reason = check_code(code, language, entry)
+        if reason is None:
+            return CodeAnswer(code + "\n")
+        reasons.append(reason)
+    reason = reasons[0] if blocks else f"no code block; {reasons[-1]}"
+    wrong = _other_language(blocks, language)
+    if wrong:
+        reason = f"the answer is {wrong} code, not {language}; {reason}"
+    return CodeAnswer(None, _truncated(reason, truncated))
+
+
+def _truncated(reason: str, truncated: bool) -> str:
+    return reason + (" (the answer was cut off at its max_tokens limit)" if truncated else "")
+
+
+def extract_code(text: str, language: str, entry: str | None = None) -> str | None:
+    """`extract_candidate(...).code`: the usable implementation, or None."""
+    return extract_candidate(text, language, entry=entry).code
+
+
+def _other_language(blocks: list[Block], language: str) -> str | None:
+    """The one other language every tagged block is in, if the answer has no block of ours."""
+    tags = {_TAGS[b.tag] for b in blocks if b.tag in _TAGS}
+    compatible = {"cuda", "cpp"} if language != "python" else {"python"}
+    return tags.pop() if len(tags) == 1 and not tags & compatible else None
+
+
+def check_code(code: str, language: str, entry: str | None = None) -> str | None:
+    """None when `code` can be compiled as `language`, else the reason it cannot."""
+    if not code.strip():
+        return "empty code block"
+    if language == "python":
+        return _check_python(code)
+    root: Node = _parser(language).parse(code.encode("utf-8")).root_node
+    if root.has_error:
+        return f"{language} does not parse (first error at line {_first_error_line(root)})"
+    if not any(child.type in _CODE_NODES[language] for child in root.children):
+        return f"no {language} definitions (prose, not a program)"
+    if entry is not None and entry not in _function_names(root):
+        return f"no function {entry} (the bound entry the reference calls)"
+    if entry is None and language == "cuda" and "__global__" not in code:
+        return "no __global__ kernel"
     return None
 
 
-def _acceptable(code: str, language: str) -> bool:
-    if not code.strip() or not parses(code, language):
-        return False
-    return language != "python" or _MODEL_NEW.search(code) is not None
+def _check_python(code: str) -> str | None:
+    try:
+        module = ast.parse(code)
+    except SyntaxError as error:
+        return f"Python does not parse (line {error.lineno}: {error.msg})"
+    classes = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"]
+    if not classes:
+        return "no top-level class ModelNew"
+    methods = {n.name for n in classes[-1].body if isinstance(n, ast.FunctionDef)}
+    return None if "forward" in methods else "ModelNew has no forward method"
+
+
+def _first_error_line(root: Node) -> int:
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.type == "ERROR" or node.is_missing:
+            return node.start_point[0] + 1
+        stack.extend(reversed([child for child in node.children if child.has_error]))
+    return root.start_point[0] + 1
+
+
+def _function_names(root: Node) -> set[str]:
+    """Names of every function defined anywhere (inside extern "C", namespaces too)."""
+    names = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.type == "function_definition":
+            declarator = node.child_by_field_name("declarator")
+            while declarator is not None and declarator.type != "function_declarator":
+                declarator = declarator.child_by_field_name("declarator")
+            name = declarator.child_by_field_name("declarator") if declarator else None
+            if name is not None and name.text is not None:
+                names.add(name.text.decode("utf-8").split("::")[-1])
+        stack.extend(node.children)
+    return names
 
 
 def extract_json(text: str) -> dict[str, Any] | None:
@@ -133,13 +218,13 @@ def extract_json(text: str) -> dict[str, Any] | None:
     fenced = [b.code for b in fenced_blocks(text) if b.closed]
     for candidate in [*fenced, text]:
         for start in (m.start() for m in re.finditer(r"\{", candidate)):
-            value = _object_at(candidate, start)
+            value = object_at(candidate, start)
             if value is not None:
                 return value
     return None
 
 
-def _object_at(text: str, start: int) -> dict[str, Any] | None:
+def object_at(text: str, start: int) -> dict[str, Any] | None:
     try:
         value, _end = json.JSONDecoder().raw_decode(text, start)
         return value if isinstance(value, dict) else None

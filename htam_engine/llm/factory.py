@@ -9,6 +9,7 @@ from pathlib import Path
 from htam_engine.llm.base import LLMError, Provider
 from htam_engine.llm.cache import ResponseCache
 from htam_engine.llm.choice import DEFAULT_MODELS, PROVIDERS, choose_provider, show_url
+from htam_engine.llm.limits import RunBudget
 from htam_engine.llm.prices import load_prices
 from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider, RetryPolicy
 from htam_engine.llm.replay import Recorder, ReplayProvider
@@ -55,9 +56,11 @@ def make_provider(
     env: Mapping[str, str] = os.environ,
     cache: bool = True,
     retry: RetryPolicy | None = None,
+    budget: RunBudget | None = None,
 ) -> tuple[Provider | None, str]:
     """The provider (None = offline) and one line saying which one and why.
 
+    `budget` (from `--budget-tokens` / `--budget-usd`) bounds every call it makes.
     Raises `LLMError` for an unknown name or a provider that lacks what it needs.
     """
     if name not in PROVIDERS:
@@ -86,4 +89,5 @@ def make_provider(
     if record:
         provider = Recorder(provider, Path(record))
         line += f"; recording to {record}"
+    provider.budget = budget
     return provider, line

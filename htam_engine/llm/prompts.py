@@ -1,4 +1,5 @@
-"""Prompts for the two LLM calls of a step, each with a bounded token budget.
+"""Prompts for the LLM calls of a step (choice, generation, repair), each with a bounded
+token budget.
 
 Every section has its own budget (`BUDGET`), so a prompt stays the same size however
 much the memory grows: long inputs are cut (head and tail kept), warnings are capped.
@@ -23,6 +24,7 @@ BUDGET = {
     "state": 900,
     "global": 700,
     "candidate": 250,
+    "failure": 1200,
 }
 MAX_WARNINGS = 5
 MAX_CANDIDATES = 12
@@ -50,8 +52,9 @@ reference, no cached or precomputed outputs, no side streams or threads that hid
 no lower precision unless the strategy says so."""
 
 LOCAL_SYSTEM = """You choose the next optimization strategy for a kernel, inside a \
-direction that was already chosen. Answer with ONE JSON object and nothing else: \
-{"local": "<one candidate id>", "reason": "<one line: why this strategy, now>"}."""
+direction that was already chosen. Answer with ONE JSON object and nothing else, with \
+two keys: "local" (one of the valid candidate ids, exactly as listed) and "reason" (one \
+line: why this strategy, now)."""
 
 
 def _section(title: str, body: str) -> str:
@@ -81,9 +84,6 @@ def generation_prompt(
     if language not in LANGUAGES:
         raise ValueError(f"language must be one of {', '.join(LANGUAGES)}, not {language!r}")
     fence = LANGUAGES[language]
-    system = GENERATION_SYSTEM.format(
-        target=_TARGETS[language], file_rule=_FILE_RULES[language], fence=fence
-    )
     parts = [
         _section("Task (the PyTorch reference)", _fenced(task_source, "python", BUDGET["task"])),
         _section("Current implementation", _fenced(current_code, fence, BUDGET["code"])),
@@ -102,7 +102,33 @@ def generation_prompt(
         shown = "\n".join(f"- {truncate_tokens(w, BUDGET['warning'])}" for w in warnings)
         parts.append(_section("Where this strategy failed before (avoid)", shown))
     parts.append(f"Write the new implementation now: the complete file in one ```{fence} block.")
-    return system, "\n".join(parts)
+    return generation_system(language), "\n".join(parts)
+
+
+def generation_system(language: str) -> str:
+    fence = LANGUAGES[language]
+    return GENERATION_SYSTEM.format(
+        target=_TARGETS[language], file_rule=_FILE_RULES[language], fence=fence
+    )
+
+
+def repair_prompt(
+    task_source: str, failed_code: str, failure: str, local_text: str, language: str
+) -> tuple[str, str]:
+    """(system, prompt) asking once more for the same strategy, fixed after `failure`
+    (the compiler's excerpt or the verifier's mismatch, cut to its budget)."""
+    if language not in LANGUAGES:
+        raise ValueError(f"language must be one of {', '.join(LANGUAGES)}, not {language!r}")
+    fence = LANGUAGES[language]
+    parts = [
+        _section("Task (the PyTorch reference)", _fenced(task_source, "python", BUDGET["task"])),
+        _section("Strategy being applied", truncate_tokens(local_text, BUDGET["local"])),
+        _section("Your last implementation", _fenced(failed_code, fence, BUDGET["code"])),
+        _section("Why it failed", truncate_tokens(failure, BUDGET["failure"])),
+        f"Fix exactly this failure and keep the strategy. Answer with the complete fixed "
+        f"file in one ```{fence} block.",
+    ]
+    return generation_system(language), "\n".join(parts)
 
 
 def local_selection_prompt(
@@ -124,7 +150,8 @@ def local_selection_prompt(
             _section("Current state", truncate_tokens(state_text, BUDGET["state"])),
             _section("Chosen direction", truncate_tokens(global_text, BUDGET["global"])),
             _section("Candidate strategies", listed),
-            'Answer: {"local": "<id>", "reason": "<one line>"}',
+            "Valid ids: " + ", ".join(local_id for local_id, _ in candidates[:MAX_CANDIDATES]),
+            'Answer with one JSON object: {"local": one of the valid ids, "reason": one line}',
         ]
     )
     return LOCAL_SYSTEM, prompt

@@ -1,44 +1,60 @@
 """Providers that call an API through the official SDKs: Anthropic and OpenAI(-compatible).
 
-The SDKs' own retries are off (`max_retries=0`): `call_with_retries` retries here, so
-that every retry is logged and the backoff (exponential, jittered, honouring
-Retry-After) is testable.
+Every call streams, under a deadline: a generation still running at its deadline is
+abandoned by closing its HTTP connection (a server that stopped sending is cut off by
+the same watchdog), so nothing queues behind it. The SDKs' own retries are off
+(`max_retries=0`): `call_with_retries` retries here, only what can succeed on a retry
+(429, 5xx, timeouts, connection errors), with every retry logged and the backoff
+(exponential, jittered, honouring Retry-After) testable.
+
+A JSON answer (`schema`) uses the most constrained form the server accepts: Anthropic
+tool use; OpenAI `json_schema`, then `json_object`, then JSON asked for in the prompt.
+A form the server rejects (HTTP 400/422/500/501) is dropped for the rest of the run.
 """
 
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import json
 import logging
 import random
+import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import anthropic
 import openai
 
-from htam_engine.llm.base import Completion, LLMError, Provider, redact, register_secret
+from htam_engine.llm.base import Completion, JsonSchema, LLMError, Provider, redact, register_secret
 from htam_engine.llm.cache import ResponseCache, prompt_key
+from htam_engine.llm.limits import limit_for
 from htam_engine.llm.prices import PriceTable
+from htam_engine.llm.tokens import count_tokens
 
 log = logging.getLogger("htam.llm")
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+# Statuses with which servers refuse a response_format or tools they do not support
+# (llama.cpp answers json_schema with 500; vLLM with 400 or 422).
+FORM_REJECTED_STATUS = frozenset({400, 422, 500, 501})
 T = TypeVar("T")
 
 
 @dataclass
 class RetryPolicy:
     """`attempts` calls at most; delay `base_s * 2**n` plus up to `base_s` of jitter,
-    or the server's Retry-After when it gives one, capped at `max_delay_s`."""
+    or the server's Retry-After when it gives one, capped at `max_delay_s`.
+    `timeout_s` (when set) caps every purpose's deadline (`limits.LIMITS`)."""
 
     attempts: int = 4
     base_s: float = 1.0
     max_delay_s: float = 60.0
-    timeout_s: float = 180.0
+    timeout_s: float | None = None
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
 
@@ -48,9 +64,27 @@ class RetryPolicy:
         backoff = self.base_s * 2**retry_index + self.rng.uniform(0, self.base_s)
         return min(backoff, self.max_delay_s)
 
+    def deadline_s(self, purpose: str) -> float:
+        deadline = limit_for(purpose).deadline_s
+        return deadline if self.timeout_s is None else min(deadline, self.timeout_s)
+
 
 class MalformedResponse(ValueError):
     """A response that is valid JSON but not the API's shape."""
+
+
+class DeadlineExceeded(Exception):
+    """The watchdog closed a stream at its deadline (not an SDK error: never retried
+    blindly, see `_classify`)."""
+
+    def __init__(self, deadline_s: float, received: int) -> None:
+        super().__init__(f"deadline of {deadline_s:g}s")
+        self.deadline_s = deadline_s
+        self.received = received
+
+
+class FormRejected(Exception):
+    """The server refused a structured-output form: try the next one."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +92,7 @@ class Answer:
     text: str
     input_tokens: int
     output_tokens: int
+    truncated: bool = False
 
 
 def retry_after_s(headers: Any) -> float | None:
@@ -90,10 +125,18 @@ _TRANSIENT = (
     openai.APIConnectionError,
 )
 _STATUS = (anthropic.APIStatusError, openai.APIStatusError)
+_SDK_ERRORS = (anthropic.AnthropicError, openai.OpenAIError, ValueError, DeadlineExceeded)
 
 
 def _classify(error: Exception) -> tuple[bool, float | None, str]:
-    """(retryable, retry-after seconds, one-line description) for an SDK error."""
+    """(retryable, retry-after seconds, one-line description) for an SDK error.
+
+    A stream the watchdog closed is retried only if the server had sent nothing (it
+    stalled); a generation still running at its deadline would only run out again."""
+    if isinstance(error, DeadlineExceeded):
+        if error.received:
+            return False, None, f"still generating at its {error}; abandoned"
+        return True, None, f"timed out (nothing received within the {error})"
     if isinstance(error, anthropic.APITimeoutError | openai.APITimeoutError):
         return True, None, "timed out"
     if isinstance(error, _TRANSIENT):
@@ -115,7 +158,7 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str) -> 
     for attempt in range(policy.attempts):
         try:
             return call()
-        except (anthropic.AnthropicError, openai.OpenAIError, ValueError) as error:
+        except _SDK_ERRORS as error:
             retryable, retry_after, description = _classify(error)
             if not retryable:
                 raise LLMError(f"{what}: {description}") from None
@@ -132,8 +175,60 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str) -> 
     raise LLMError(f"{what}: no attempt was made (attempts={policy.attempts})")
 
 
+class _Watch:
+    """What one streamed call received so far, and whether its deadline closed it."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.received = 0
+
+
+def within_deadline(
+    stream: Any, started: float, seconds: float, read: Callable[[_Watch], Answer]
+) -> Answer:
+    """`read(stream)`, but close the stream (its HTTP connection) from a timer thread
+    once `seconds` have passed since `started`, so that a read blocked on a silent
+    server returns and a server still generating sees the client hang up."""
+    watch = _Watch()
+
+    def fire() -> None:
+        watch.fired = True
+        stream.close()
+
+    timer = threading.Timer(max(started + seconds - time.monotonic(), 0.0), fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        answer = read(watch)
+    except (*_SDK_ERRORS, OSError):  # a socket closed under a read: EBADF and the like
+        if not watch.fired:
+            raise
+    finally:
+        timer.cancel()
+        stream.close()
+    if watch.fired:
+        raise DeadlineExceeded(seconds, watch.received)
+    return answer
+
+
+def is_local_url(base_url: str | None) -> bool:
+    """A server on this machine or a private network: its calls cost nothing."""
+    host = urlsplit(base_url).hostname if base_url else None
+    if not host:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private or address.is_link_local
+
+
 class RemoteProvider(Provider):
-    """Cache lookup -> API call with retries -> cost -> cache store."""
+    """Cache lookup -> API call(s) with retries and form fallback -> cost -> cache store."""
+
+    FORMS: tuple[str, ...] = ("prompted",)
 
     def __init__(
         self,
@@ -152,24 +247,39 @@ class RemoteProvider(Provider):
         self.prices = prices
         self.cache = cache
         self.retry = retry or RetryPolicy()
-        if base_url is None and prices.price(model) is None:
-            log.warning("no price listed for %s; its calls count as $0 (see HTAM_PRICES)", model)
+        self.forms = list(self.FORMS)  # shrinks as the server rejects forms
+        self.pricing = self._pricing()
+        if self.pricing == "unknown":
+            log.warning("no price listed for %s; its cost is unknown (see HTAM_PRICES)", model)
 
-    def _complete(self, system: str, prompt: str, *, max_tokens: int, purpose: str) -> Completion:
+    def _pricing(self) -> str:
+        if self.prices.price(self.model) is not None:
+            return "listed"
+        return "local" if is_local_url(self.base_url) else "unknown"
+
+    def cache_key(self, system: str, prompt: str, schema: JsonSchema | None, sample: int) -> str:
+        """Provider, base URL and model, the whole request, and which sample it is."""
+        shape = json.dumps(schema.schema, sort_keys=True) if schema else ""
+        where = self.base_url or ""
+        return prompt_key(self.name, where, self.model, system, prompt, shape, str(sample))
+
+    def _complete(
+        self,
+        system: str,
+        prompt: str,
+        *,
+        max_tokens: int,
+        purpose: str,
+        schema: JsonSchema | None,
+        sample: int,
+    ) -> Completion:
         started = time.perf_counter()
-        key = prompt_key(self.name, self.model, system, prompt)
+        key = self.cache_key(system, prompt, schema, sample)
         hit = self.cache.get(key) if self.cache else None
         if hit is not None:
-            return Completion(
-                hit["text"],
-                hit["input_tokens"],
-                hit["output_tokens"],
-                0.0,
-                True,
-                time.perf_counter() - started,
-            )
+            return Completion(**{**hit, "cost_usd": 0.0, "cached": True, "latency_s": 0.0})
         what = f"{self.name} {self.model}" + (f" ({purpose})" if purpose else "")
-        answer = call_with_retries(lambda: self._call(system, prompt, max_tokens), self.retry, what)
+        form, answer = self._answer(system, prompt, max_tokens, purpose, schema, what)
         cost = self.prices.cost(self.model, answer.input_tokens, answer.output_tokens)
         completion = Completion(
             answer.text,
@@ -178,76 +288,212 @@ class RemoteProvider(Provider):
             cost,
             False,
             time.perf_counter() - started,
+            form=form,
+            truncated=answer.truncated,
+            pricing=self.pricing,
         )
         if self.cache:
             self.cache.put(key, completion.to_json())
         log.info(
-            "%s: %d in / %d out tokens, $%.5f, %.2fs",
+            "%s: %d in / %d out tokens%s, %s, %.2fs, form %s",
             what,
             answer.input_tokens,
             answer.output_tokens,
-            cost,
+            " (cut off at max_tokens)" if answer.truncated else "",
+            f"${cost:.5f}" if self.pricing == "listed" else self.pricing,
             completion.latency_s,
+            form,
         )
         return completion
 
+    def _answer(
+        self,
+        system: str,
+        prompt: str,
+        max_tokens: int,
+        purpose: str,
+        schema: JsonSchema | None,
+        what: str,
+    ) -> tuple[str, Answer]:
+        """(form used, answer): free text, or the first structured form not refused."""
+        deadline_s = self.retry.deadline_s(purpose)
+        if schema is None:
+
+            def text() -> Answer:
+                return self._call(system, prompt, max_tokens, deadline_s, None, "text")
+
+            return "text", call_with_retries(text, self.retry, what)
+        while True:
+            form = self.forms[0]
+            last = len(self.forms) == 1
+
+            def call(form: str = form, last: bool = last) -> Answer:
+                return self._structured(system, prompt, max_tokens, deadline_s, schema, form, last)
+
+            try:
+                return form, call_with_retries(call, self.retry, what)
+            except FormRejected as rejected:
+                log.warning("%s: %s refused (%s); next %s", what, form, rejected, self.forms[1])
+                self.forms.pop(0)
+
+    def _structured(
+        self,
+        system: str,
+        prompt: str,
+        max_tokens: int,
+        deadline_s: float,
+        schema: JsonSchema,
+        form: str,
+        last: bool,
+    ) -> Answer:
+        try:
+            return self._call(system, prompt, max_tokens, deadline_s, schema, form)
+        except _STATUS as error:
+            if last or error.status_code not in FORM_REJECTED_STATUS:
+                raise
+            raise FormRejected(f"HTTP {error.status_code}") from None
+
     @abstractmethod
-    def _call(self, system: str, prompt: str, max_tokens: int) -> Answer:
-        """One API request, no retries."""
+    def _call(
+        self,
+        system: str,
+        prompt: str,
+        max_tokens: int,
+        deadline_s: float,
+        schema: JsonSchema | None,
+        form: str,
+    ) -> Answer:
+        """One streamed API request in `form`, no retries."""
+
+
+def _prompted(system: str, schema: JsonSchema) -> str:
+    """The system prompt with the schema spelled out (the loosest JSON form)."""
+    return f"{system}\nThe JSON object must match this JSON schema: {json.dumps(schema.schema)}"
 
 
 class AnthropicProvider(RemoteProvider):
-    """Claude through the Messages API."""
+    """Claude through the Messages API; JSON answers through a forced tool call."""
 
     name = "anthropic"
+    FORMS = ("tool", "prompted")
 
     def __init__(self, model: str, *, api_key: str, base_url: str | None = None, **kw: Any):
         super().__init__(model, api_key=api_key, base_url=base_url, **kw)
-        self._client = anthropic.Anthropic(
-            api_key=api_key, base_url=base_url, max_retries=0, timeout=self.retry.timeout_s
-        )
+        self._client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=0)
 
-    def _call(self, system: str, prompt: str, max_tokens: int) -> Answer:
-        message = self._client.messages.create(
-            model=self.model,
-            max_tokens=max_tokens,
-            system=system,
-            messages=[{"role": "user", "content": prompt}],
-        )
-        try:
-            text = "".join(block.text for block in message.content if block.type == "text")
-            return Answer(text, int(message.usage.input_tokens), int(message.usage.output_tokens))
-        except (AttributeError, TypeError, ValueError) as error:
-            raise MalformedResponse(f"unexpected Messages API response ({error})") from None
+    def _call(
+        self,
+        system: str,
+        prompt: str,
+        max_tokens: int,
+        deadline_s: float,
+        schema: JsonSchema | None,
+        form: str,
+    ) -> Answer:
+        request: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "system": system,
+            "messages": [{"role": "user", "content": prompt}],
+        }
+        if schema is not None and form == "tool":
+            tool = {
+                "name": schema.name,
+                "description": schema.description,
+                "input_schema": schema.schema,
+            }
+            request.update(tools=[tool], tool_choice={"type": "tool", "name": schema.name})
+        elif schema is not None:
+            request["system"] = _prompted(system, schema)
+        started = time.monotonic()
+        stream = self._client.messages.create(**request, stream=True, timeout=deadline_s)
+        return within_deadline(stream, started, deadline_s, lambda w: _read_anthropic(stream, w))
+
+
+def _read_anthropic(stream: Any, watch: _Watch) -> Answer:
+    parts: list[str] = []
+    input_tokens = output_tokens = 0
+    stop_reason = None
+    try:
+        for event in stream:
+            watch.received += 1
+            if event.type == "message_start":
+                input_tokens = int(event.message.usage.input_tokens)
+            elif event.type == "content_block_delta":
+                delta = event.delta
+                parts.append(delta.text if delta.type == "text_delta" else delta.partial_json)
+            elif event.type == "message_delta":
+                output_tokens = int(event.usage.output_tokens)
+                stop_reason = event.delta.stop_reason
+    except (AttributeError, TypeError, ValueError) as error:
+        if isinstance(error, json.JSONDecodeError):
+            raise
+        raise MalformedResponse(f"unexpected Messages API stream ({error})") from None
+    if not watch.received:
+        raise MalformedResponse("unexpected Messages API response (an empty stream)")
+    return Answer("".join(parts), input_tokens, output_tokens, stop_reason == "max_tokens")
 
 
 class OpenAIProvider(RemoteProvider):
     """OpenAI chat completions, or any compatible server (vLLM, Ollama, llama.cpp, DeepSeek)."""
 
     name = "openai"
+    FORMS = ("json_schema", "json_object", "prompted")
 
     def __init__(self, model: str, *, api_key: str, base_url: str | None = None, **kw: Any):
         super().__init__(model, api_key=api_key, base_url=base_url, **kw)
-        self._client = openai.OpenAI(
-            api_key=api_key, base_url=base_url, max_retries=0, timeout=self.retry.timeout_s
-        )
+        self._client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0)
 
-    def _call(self, system: str, prompt: str, max_tokens: int) -> Answer:
-        response = self._client.chat.completions.create(
-            model=self.model,
-            max_tokens=max_tokens,
-            messages=[
-                {"role": "system", "content": system},
-                {"role": "user", "content": prompt},
-            ],
+    def _call(
+        self,
+        system: str,
+        prompt: str,
+        max_tokens: int,
+        deadline_s: float,
+        schema: JsonSchema | None,
+        form: str,
+    ) -> Answer:
+        request: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens}
+        if schema is not None and form == "json_schema":
+            request["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": schema.name, "schema": schema.schema, "strict": True},
+            }
+        elif schema is not None and form == "json_object":
+            request["response_format"] = {"type": "json_object"}
+        if schema is not None and form != "json_schema":
+            system = _prompted(system, schema)
+        request["messages"] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": prompt},
+        ]
+        started = time.monotonic()
+        stream = self._client.chat.completions.create(
+            **request, stream=True, stream_options={"include_usage": True}, timeout=deadline_s
         )
-        try:
-            text = response.choices[0].message.content or ""
-            usage = response.usage  # optional on some local servers
-            return Answer(
-                text,
-                int(usage.prompt_tokens) if usage else 0,
-                int(usage.completion_tokens) if usage else 0,
-            )
-        except (AttributeError, IndexError, TypeError, ValueError) as error:
-            raise MalformedResponse(f"unexpected chat completions response ({error})") from None
+        sent = system + prompt
+        return within_deadline(stream, started, deadline_s, lambda w: _read_openai(stream, w, sent))
+
+
+def _read_openai(stream: Any, watch: _Watch, sent: str) -> Answer:
+    """The streamed answer; tokens from the server's usage chunk, else counted here."""
+    parts: list[str] = []
+    usage = None
+    finish = None
+    try:
+        for chunk in stream:
+            watch.received += 1
+            usage = chunk.usage or usage
+            if chunk.choices:
+                parts.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+    except (AttributeError, IndexError, TypeError, ValueError) as error:
+        if isinstance(error, json.JSONDecodeError):
+            raise
+        raise MalformedResponse(f"unexpected chat completions stream ({error})") from None
+    if not watch.received:
+        raise MalformedResponse("unexpected chat completions response (an empty stream)")
+    text = "".join(parts)
+    if usage is None:  # some local servers send no usage
+        return Answer(text, count_tokens(sent), count_tokens(text), finish == "length")
+    return Answer(text, int(usage.prompt_tokens), int(usage.completion_tokens), finish == "length")

@@ -1,8 +1,10 @@
 """Cassettes: JSONL files of recorded answers, for reproducible runs and demos.
 
 One line per call: `key` (hash of system + prompt), `purpose`, `provider`, `model`,
-`system`, `prompt`, `text`, `input_tokens`, `output_tokens`, `cost_usd`. Everything
-written is passed through `redact`.
+`system`, `prompt`, `text`, `input_tokens`, `output_tokens`, `cost_usd`, and since the
+structured forms `form` and `truncated` (older cassettes: `prompted` for a JSON answer,
+and truncated when the answer is as long as the call's limit). Everything written is
+passed through `redact`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from htam_engine.llm.base import Completion, LLMError, Provider, redact
+from htam_engine.llm.base import Completion, JsonSchema, LLMError, Provider, redact
 from htam_engine.llm.cache import prompt_key
 
 
@@ -53,6 +55,7 @@ class ReplayProvider(Provider):
         self._entries = _read_cassette(self.cassette)
         self.model = str(self._entries[0].get("model", "replay")) if self._entries else "replay"
         self._used = [False] * len(self._entries)
+        self._lock = threading.Lock()
 
     def _pick(self, key: str, purpose: str) -> dict[str, Any]:
         free = [i for i, used in enumerate(self._used) if not used]
@@ -67,16 +70,29 @@ class ReplayProvider(Provider):
         self._used[index] = True
         return self._entries[index]
 
-    def _complete(self, system: str, prompt: str, *, max_tokens: int, purpose: str) -> Completion:
+    def _complete(
+        self,
+        system: str,
+        prompt: str,
+        *,
+        max_tokens: int,
+        purpose: str,
+        schema: JsonSchema | None,
+        sample: int,
+    ) -> Completion:
         started = time.perf_counter()
-        entry = self._pick(cassette_key(system, prompt), purpose)
+        with self._lock:
+            entry = self._pick(cassette_key(system, prompt), purpose)
+        output_tokens = int(entry.get("output_tokens", 0))
         return Completion(
             entry["text"],
             int(entry.get("input_tokens", 0)),
-            int(entry.get("output_tokens", 0)),
+            output_tokens,
             0.0,
             True,
             time.perf_counter() - started,
+            form=str(entry.get("form") or ("prompted" if schema else "text")),
+            truncated=bool(entry.get("truncated", output_tokens >= max_tokens)),
         )
 
 
@@ -92,8 +108,19 @@ class Recorder(Provider):
         self.cassette.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
 
-    def _complete(self, system: str, prompt: str, *, max_tokens: int, purpose: str) -> Completion:
-        completion = self.inner.complete(system, prompt, max_tokens=max_tokens, purpose=purpose)
+    def _complete(
+        self,
+        system: str,
+        prompt: str,
+        *,
+        max_tokens: int,
+        purpose: str,
+        schema: JsonSchema | None,
+        sample: int,
+    ) -> Completion:
+        completion = self.inner.complete(
+            system, prompt, max_tokens=max_tokens, purpose=purpose, schema=schema, sample=sample
+        )
         entry = {
             "key": cassette_key(system, prompt),
             "purpose": purpose,
@@ -105,6 +132,8 @@ class Recorder(Provider):
             "input_tokens": completion.input_tokens,
             "output_tokens": completion.output_tokens,
             "cost_usd": completion.cost_usd,
+            "form": completion.form,
+            "truncated": completion.truncated,
         }
         line = redact(json.dumps(entry, ensure_ascii=False))
         with self._lock, self.cassette.open("a", encoding="utf-8") as handle:

@@ -1,17 +1,35 @@
 """Local selection by an LLM (design step 4), falling back to the evidence ranking.
 
-Kept out of `htam_engine.policy.__init__` so that importing the policy (as the
-language server does) never loads the LLM SDKs.
+The answer is structured (`choice_schema`: an enum of the runnable ids) where the
+provider supports it, and parsed by `parse_choice` (the last object naming a runnable
+id) in every form. Kept out of `htam_engine.policy.__init__` so that importing the
+policy (as the language server does) never loads the LLM SDKs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from htam_engine.llm import LLMError, Provider, extract_json, local_selection_prompt
+from htam_engine.llm import LLMError, Provider, local_selection_prompt
+from htam_engine.llm.structured import choice_schema, parse_choice
 from htam_engine.memory.model import Graph
 from htam_engine.policy.local_select import EvidenceLocalSelector, LocalDecision
 from htam_engine.state import State
+
+
+@dataclass(frozen=True)
+class ChoiceRecord:
+    """What the LLM's last choice was: the form used, whether it named a runnable id,
+    and why not (for the step's record and the valid-choice rate)."""
+
+    form: str
+    valid: bool
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"form": self.form, "valid": self.valid, "detail": self.detail}
 
 
 class LLMLocalSelector:
@@ -20,6 +38,7 @@ class LLMLocalSelector:
     def __init__(self, provider: Provider, fallback: EvidenceLocalSelector | None = None) -> None:
         self.provider = provider
         self.fallback = fallback or EvidenceLocalSelector()
+        self.last: ChoiceRecord | None = None
 
     def choose(
         self, graph: Graph, global_id: str, state: State, applicable: Mapping[str, str | None]
@@ -32,14 +51,21 @@ class LLMLocalSelector:
             [(lid, graph.locals[lid].prompt_text()) for lid in runnable],
         )
         try:
-            answer = extract_json(self.provider.complete(system, prompt, purpose="local").text)
+            completion = self.provider.complete(
+                system, prompt, purpose="local", schema=choice_schema(runnable)
+            )
         except LLMError as error:
-            return _fallback(ranked, f"LLM unavailable ({error})")
-        choice = answer.get("local") if answer else None
-        if choice not in runnable:
-            return _fallback(ranked, f"LLM answer named no runnable strategy ({choice!r})")
-        reason = str(answer.get("reason") or "chosen by the LLM") if answer else ""
-        return LocalDecision(str(choice), reason, ranked.ranking)
+            self.last = ChoiceRecord("none", False, f"LLM unavailable ({error})")
+            return _fallback(ranked, self.last.detail)
+        choice = parse_choice(completion.text, runnable, completion.form)
+        if choice is None:
+            cut = " (cut off at max_tokens)" if completion.truncated else ""
+            detail = f"LLM answer ({completion.form}{cut}) named no runnable strategy"
+            self.last = ChoiceRecord(completion.form, False, detail)
+            return _fallback(ranked, detail)
+        self.last = ChoiceRecord(completion.form, True, f"chose {choice.local_id}")
+        reason = choice.reason or "chosen by the LLM"
+        return LocalDecision(choice.local_id, f"{reason} [LLM, {choice.form}]", ranked.ranking)
 
 
 def _fallback(ranked: LocalDecision, why: str) -> LocalDecision:

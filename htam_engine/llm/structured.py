@@ -1,0 +1,82 @@
+"""Structured choices: the schema a strategy choice must follow, and its parser.
+
+The schema's enum holds only the runnable strategy ids, so a provider that constrains
+its output (Anthropic tool use, OpenAI json_schema) cannot name anything else. For the
+looser forms (json_object, prompted JSON) the parser reads every JSON object in the
+answer and takes the LAST one that names a runnable id: a model that first echoes the
+prompt's template (`{"local": "<id>"}`) and then answers is read by its answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from htam_engine.llm.base import JsonSchema
+from htam_engine.llm.extract import object_at
+
+CHOICE_KEY = "local"
+CHOICE_TOOL = "choose_strategy"
+
+
+def choice_schema(runnable: Sequence[str]) -> JsonSchema:
+    """A JSON object {"local": one of `runnable`, "reason": one line}."""
+    if not runnable:
+        raise ValueError("a choice needs at least one runnable strategy id")
+    return JsonSchema(
+        name=CHOICE_TOOL,
+        description="Choose the next optimization strategy among the runnable candidates.",
+        schema={
+            "type": "object",
+            "properties": {
+                CHOICE_KEY: {"type": "string", "enum": list(runnable)},
+                "reason": {"type": "string", "description": "one line: why this strategy, now"},
+            },
+            "required": [CHOICE_KEY, "reason"],
+            "additionalProperties": False,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A runnable strategy id named by an answer, with its reason and the answer's form."""
+
+    local_id: str
+    reason: str
+    form: str
+
+
+def json_objects(text: str) -> Iterator[dict[str, Any]]:
+    """Every JSON(-like) object in `text` in order of position, nested ones included
+    (fences need no special case: an object inside one is found at its position)."""
+    for start in (match.start() for match in re.finditer(r"\{", text)):
+        value = object_at(text, start)
+        if value is not None:
+            yield value
+
+
+def named_id(value: dict[str, Any], runnable: Sequence[str]) -> str | None:
+    """The runnable id an object names: under "local", else its only string value that
+    is exactly a runnable id (models rename the key: "strategy", "id")."""
+    named = value.get(CHOICE_KEY)
+    if isinstance(named, str) and named.strip() in runnable:
+        return named.strip()
+    exact = {v.strip() for v in value.values() if isinstance(v, str) and v.strip() in runnable}
+    return exact.pop() if len(exact) == 1 else None
+
+
+def parse_choice(text: str, runnable: Sequence[str], form: str = "prompted") -> Choice | None:
+    """The last JSON object in `text` that names a runnable id, or None."""
+    found: tuple[str, dict[str, Any]] | None = None
+    for value in json_objects(text):
+        local_id = named_id(value, runnable)
+        if local_id is not None:
+            found = (local_id, value)
+    if found is None:
+        return None
+    local_id, value = found
+    reason = value.get("reason")
+    return Choice(local_id, reason.strip() if isinstance(reason, str) else "", form)
