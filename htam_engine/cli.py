@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
+import traceback
 from collections.abc import Sequence
 
 from htam_engine import __version__
+from htam_engine.errors import UserError
 
 # (subcommand, module that defines `register(subparsers)`); imported lazily so that
 # `htam --help` stays fast and no area pays for another's imports.
@@ -20,10 +23,6 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("eval", "htam_engine.evaluate.cli"),
     ("memory", "htam_engine.memory.cli"),
 )
-
-
-class UserError(Exception):
-    """A problem the user can fix; printed as one clear line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,10 +51,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except UserError as error:
         print(f"htam: error: {error}", file=sys.stderr)
+        _machine_readable_error(args, str(error), "user_error")
         return 2
     except KeyboardInterrupt:
         print("htam: interrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # a bug: the traceback for the report, the contract kept
+        traceback.print_exc()
+        _machine_readable_error(args, f"{type(error).__name__}: {error}", "internal_error")
+        return 1
+
+
+def _machine_readable_error(args: argparse.Namespace, message: str, kind: str) -> None:
+    """Keep the stdout contract on failure too: one JSON document, or a last event."""
+    if getattr(args, "events", False):
+        from htam_engine import events
+
+        print(events.to_line(events.Failed(message, kind)), flush=True)
+    elif getattr(args, "json", False):
+        print(json.dumps({"error": {"kind": kind, "message": message}}), flush=True)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from htam_engine import parsing
+from htam_engine import events, parsing
 from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
 from htam_engine.evaluate import Verdict, evaluate
+from htam_engine.events import Phase, Step
 from htam_engine.llm import LLMError, Provider, count_tokens, extract_code, generation_prompt
 from htam_engine.memory import Graph, MemoryStore
 from htam_engine.policy import EvidenceLocalSelector, LocalSelector, PolicyConfig
@@ -31,7 +32,7 @@ from htam_engine.strategies import REGISTRY
 from htam_engine.task import Task
 from htam_engine.vocabulary import Status
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
 # Verdicts that say nothing about a strategy: learning from them would only add noise.
 UNRUNNABLE = {"no_gpu", "cancelled"}
@@ -51,44 +52,13 @@ class LoopConfig:
 
 
 @dataclass
-class StepRecord:
-    step: int
-    global_id: str
-    local_id: str
-    reason: str
-    status: str
-    reward: float
-    speedup: float | None  # over the starting implementation
-    decision: dict[str, Any]
-    local_decision: dict[str, Any]
-    verdict: dict[str, Any]
-    source: str
-    prompt_tokens: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "global": self.global_id,
-            "local": self.local_id,
-            "reason": self.reason,
-            "status": self.status,
-            "reward": self.reward,
-            "speedup": self.speedup,
-            "decision": self.decision,
-            "local_decision": self.local_decision,
-            "verdict": self.verdict,
-            "prompt_tokens": self.prompt_tokens,
-        }
-
-
-@dataclass
 class RunResult:
     run_id: str
     task: str
     backend: str
     provider: str
     start_verdict: dict[str, Any]
-    steps: list[StepRecord] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     best_source: str = ""
     best_step: int = 0  # 0 = the starting implementation
     best_ref_speedup: float | None = None
@@ -121,8 +91,27 @@ class RunResult:
             "output_dir": self.output_dir,
             "start_verdict": self.start_verdict,
             "best_source": self.best_source,
-            "steps": [s.to_json() for s in self.steps],
+            "steps": [_step_json(s) for s in self.steps],
         }
+
+    def result_event(self) -> events.Result:
+        return events.Result(
+            run_id=self.run_id,
+            task=self.task,
+            correct=self.correct,
+            best_speedup=self.best_speedup,
+            ref_speedup=self.best_ref_speedup,
+            best_step=self.best_step,
+            stopped=self.stopped,
+            output_dir=self.output_dir,
+        )
+
+
+def _step_json(step: Step) -> dict[str, Any]:
+    """A step as trajectories and `--json` keep it: the candidate is in the output folder."""
+    data = events.to_json(step)
+    del data["event"], data["source"]
+    return data
 
 
 class Optimizer:
@@ -196,7 +185,7 @@ class Optimizer:
             self.persist()
         return self.result
 
-    def _step(self, step: int) -> StepRecord | None:
+    def _step(self, step: int) -> Step | None:
         graph = self.store.graph(self.task.backend)
         current = self.result.best_source
         applicable = self._applicability(graph, current)
@@ -224,7 +213,7 @@ class Optimizer:
                 self.result.best_ref_speedup = verdict.speedup
         self._phase(step, "update", g, local_id)
         r = self._learn(decision, status, verdict_json, speedup_vs_best, candidate)
-        record = StepRecord(
+        record = Step(
             step=step,
             global_id=g,
             local_id=local_id,
@@ -238,7 +227,7 @@ class Optimizer:
             source=candidate or "",
             prompt_tokens=tokens,
         )
-        self.emit({"event": "step", **record.to_json(), "source": record.source})
+        self.emit(record)
         return record
 
     # -- pieces of a step -----------------------------------------------------------
@@ -348,17 +337,7 @@ class Optimizer:
         )
 
     def _phase(self, step: int, phase: str, g: str = "", local: str = "") -> None:
-        self.emit(
-            {
-                "event": "phase",
-                "step": step,
-                "steps": self.config.steps,
-                "phase": phase,
-                "global": g,
-                "local": local,
-                "time": time.time(),
-            }
-        )
+        self.emit(Phase(step, self.config.steps, phase, g, local, time.time()))
 
     def persist(self) -> None:
         self.store.put(TRAJECTORIES, self.result.run_id, self.result.to_json())

@@ -14,7 +14,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from htam_engine.cli import UserError
+from htam_engine import events
+from htam_engine.errors import UserError
 from htam_engine.report import format_speedup
 
 PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
@@ -75,16 +76,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True, quiet=args.json or args.events)
     console.print(f"[bold]provider:[/] {why}")
     display = _Display(console, args.events, args.steps)
-    display.emit(
-        {
-            "event": "start",
-            "task": task.name,
-            "steps": args.steps,
-            "provider": provider.name if provider else "offline",
-            "provider_reason": why,
-            "device": args.device,
-        }
-    )
+    name = provider.name if provider else "offline"
+    display.emit(events.Start(task.name, args.steps, name, why, args.device))
     optimizer = Optimizer(
         task,
         start_source,
@@ -99,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     optimizer.persist()
     summary = result.to_json()
     if args.events:
-        display.emit({"event": "result", **summary})
+        display.emit(result.result_event())
     elif args.json:
         print(json.dumps(summary))
     else:
@@ -150,24 +143,23 @@ class _Display:
         self.started = time.monotonic()
         self.lock = threading.Lock()
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: events.Event) -> None:
         with self.lock:
             if self.events:
-                sys.stdout.write(json.dumps(event) + "\n")
+                sys.stdout.write(events.to_line(event) + "\n")
                 sys.stdout.flush()
                 return
             elapsed = time.monotonic() - self.started
-            if event["event"] == "phase":
+            if isinstance(event, events.Phase):
                 self.console.print(
-                    f"[dim]{elapsed:6.1f}s[/] step {event['step']}/{self.steps} "
-                    f"{event['phase']:<8} {event['global']} {event['local']}",
+                    f"[dim]{elapsed:6.1f}s[/] step {event.step}/{self.steps} "
+                    f"{event.phase:<8} {event.global_id} {event.local_id}",
                     highlight=False,
                 )
-            elif event["event"] == "step":
-                speedup = format_speedup(event["speedup"])
+            elif isinstance(event, events.Step):
                 self.console.print(
-                    f"[bold]step {event['step']}[/]: {event['global']} -> {event['local']}: "
-                    f"[cyan]{event['status']}[/] {speedup}  ({event['reason']})",
+                    f"[bold]step {event.step}[/]: {event.global_id} -> {event.local_id}: "
+                    f"[cyan]{event.status}[/] {format_speedup(event.speedup)}  ({event.reason})",
                     highlight=False,
                 )
 

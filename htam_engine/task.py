@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from htam_engine.cli import UserError
+from htam_engine.errors import UserError
 
 DIRECTIVE_LINES = 10
 _DIRECTIVE = re.compile(r"^\s*(?:#|//)\s*htam:\s*(?P<body>.*)$")

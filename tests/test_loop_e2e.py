@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from llm_api_server import Reply, Request, ScriptedAPIServer
 
+from htam_engine.events import Event, Phase
 from htam_engine.memory import load_seed
 
 pytestmark = pytest.mark.slow
@@ -155,8 +156,8 @@ def test_cancel_mid_step_learns_nothing(task: Path, tmp_path: Path) -> None:
 
     cancel = threading.Event()
 
-    def emit(event: dict[str, Any]) -> None:
-        if event["event"] == "phase" and event["step"] == 1 and event["phase"] == "verify":
+    def emit(event: Event) -> None:
+        if isinstance(event, Phase) and event.step == 1 and event.phase == "verify":
             cancel.set()  # the candidate is being evaluated in its worker now
 
     loaded = load_task(task)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from htam_engine.cli import UserError
+from htam_engine.errors import UserError
 from htam_engine.task import TaskError, load_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"

@@ -66,7 +66,7 @@ def _store() -> MemoryStore:
 
 
 def _user_error(message: str) -> Exception:
-    from htam_engine.cli import UserError
+    from htam_engine.errors import UserError
 
     return UserError(message)
 

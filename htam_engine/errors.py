@@ -1,0 +1,6 @@
+"""Errors every part of the engine may raise to the user (kept free of imports)."""
+
+
+class UserError(Exception):
+    """A problem the user can fix; the CLI prints it as one clear line (or one JSON
+    document with `--json`, an error event with `--events`) and exits with code 2."""

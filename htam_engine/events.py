@@ -1,0 +1,140 @@
+"""The typed event stream of a run: what `htam optimize --events` writes, one JSON object a
+line, and what the language server reads back.
+
+Dependency-free (the server imports it without the engine's heavy modules). On the wire
+each event is its fields plus `"event": <kind>`, with `global`/`local` for the ids.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+_WIRE = {"global_id": "global", "local_id": "local"}
+_FROM_WIRE = {wire: name for name, wire in _WIRE.items()}
+
+
+class EventError(ValueError):
+    """A line that is not an event of this stream."""
+
+
+@dataclass(frozen=True)
+class Start:
+    kind: ClassVar[str] = "start"
+    task: str
+    steps: int
+    provider: str
+    provider_reason: str
+    device: str
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A step (0: the starting implementation) entered a phase: select, generate, compile,
+    verify, time or update."""
+
+    kind: ClassVar[str] = "phase"
+    step: int
+    steps: int
+    phase: str
+    global_id: str = ""
+    local_id: str = ""
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One finished step: the decision, the verdict (as the evaluator wrote it) and the
+    candidate; `speedup` is over the starting implementation."""
+
+    kind: ClassVar[str] = "step"
+    step: int
+    global_id: str
+    local_id: str
+    reason: str
+    status: str
+    reward: float
+    speedup: float | None
+    decision: dict[str, Any] = field(default_factory=dict)
+    local_decision: dict[str, Any] = field(default_factory=dict)
+    verdict: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    prompt_tokens: int = 0
+
+    @property
+    def compiled(self) -> bool:
+        return bool(self.verdict.get("compiled"))
+
+    @property
+    def correct(self) -> bool:
+        return bool(self.verdict.get("correct"))
+
+    @property
+    def ref_speedup(self) -> float | None:
+        """The candidate over the PyTorch reference, for a correct candidate."""
+        value = self.verdict.get("speedup")
+        return float(value) if self.correct and value is not None else None
+
+    @property
+    def error(self) -> dict[str, Any]:
+        """The verdict's error (kind, message, line, log), or {}."""
+        return self.verdict.get("error") or {}
+
+
+@dataclass(frozen=True)
+class Result:
+    """How the run ended; the steps came before as `Step` events."""
+
+    kind: ClassVar[str] = "result"
+    run_id: str
+    task: str
+    correct: bool
+    best_speedup: float | None  # best correct implementation over the starting one
+    ref_speedup: float | None  # ... over the PyTorch reference
+    best_step: int
+    stopped: str
+    output_dir: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The run could not start or went wrong; always the last event when there is no Result."""
+
+    kind: ClassVar[str] = "error"
+    message: str
+    error_kind: str = "user_error"
+
+
+Event = Start | Phase | Step | Result | Failed
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Phase, Step, Result, Failed)}
+
+
+def to_json(event: Event) -> dict[str, Any]:
+    data = {_WIRE.get(k, k): v for k, v in asdict(event).items()}
+    return {"event": event.kind, **data}
+
+
+def to_line(event: Event) -> str:
+    return json.dumps(to_json(event))
+
+
+def from_json(data: Any) -> Event:
+    """The event of one decoded JSON object; unknown keys are ignored (a newer engine)."""
+    if not isinstance(data, dict) or data.get("event") not in KINDS:
+        raise EventError(f"not an event: {str(data)[:120]}")
+    cls = KINDS[data["event"]]
+    names = {f.name for f in fields(cls)}
+    values = {_FROM_WIRE.get(k, k): v for k, v in data.items() if k != "event"}
+    try:
+        return cls(**{k: v for k, v in values.items() if k in names})
+    except TypeError as error:  # a missing field
+        raise EventError(f"malformed {data['event']} event: {error}") from None
+
+
+def parse_line(raw: bytes | str) -> Event:
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise EventError(f"not JSON: {error}") from None
+    return from_json(data)
