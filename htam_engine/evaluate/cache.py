@@ -1,36 +1,53 @@
-"""Verdicts cached by content hash of task, candidate, device and environment.
+"""Verdicts cached by content hash of task, candidate, device, sandbox and environment.
 
-Values are JSON strings (never pickles) in a diskcache under the HTAM home.
+The cache is one SQLite table under `HTAM_HOME/eval-cache/`, which the sandbox hides from
+every candidate process. A row is a JSON record (never a pickle: a row that is not JSON
+is ignored, never interpreted) holding the verdict and the conditions it was measured
+under: the evaluator's own code hash, the sandbox mode, the environment fingerprint.
+A record is answered only for exactly those conditions.
+
+A cached verdict may be shown and learned from; whether a speedup may be *measured
+against* it is `usable_as_baseline`: only a clean, timed, correct verdict, and never a
+cached one recorded without a sandbox (a candidate could have written it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
 import json
 import platform
 import shutil
+import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-
-import diskcache
+from typing import Any
 
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.paths import subdir
 from htam_engine.task import Task
+
+RECORD_FORMAT = "htam-verdict"
+DB_NAME = "verdicts.sqlite3"
+UNSANDBOXED = "none"
+BUSY_TIMEOUT_S = 30.0
 
 
 def evaluator_version() -> str:
     """Hash of the evaluator's own code: a change of rules (a new check, a tolerance)
     must never be answered by a verdict the old rules gave."""
     package = Path(__file__).parent
-    files = sorted(package.glob("*.py")) + [package.parent / "kernels.py"]
+    files = sorted(package.glob("*.py"))
+    files += [package.parent / "kernels.py", package.parent / "parsing.py"]
     digest = hashlib.sha256()
     for path in files:
-        digest.update(path.read_bytes())
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -77,7 +94,11 @@ def fingerprint() -> str:
     )
 
 
-def key(task: Task, candidate: str, device: str, limits: Limits) -> str:
+def key(
+    task: Task, candidate: str, device: str, limits: Limits, *, sandbox: str = UNSANDBOXED
+) -> str:
+    """The cache key: everything a verdict depends on, the sandbox mode included (a
+    verdict measured without the sandbox never answers for one measured inside it)."""
     parts = [
         task.reference_source,
         task.kind,
@@ -85,25 +106,116 @@ def key(task: Task, candidate: str, device: str, limits: Limits) -> str:
         candidate,
         device,
         json.dumps(asdict(limits), sort_keys=True),
+        sandbox,
         fingerprint(),
     ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def _open() -> diskcache.Cache:
-    return diskcache.Cache(str(subdir("eval-cache")))
+def _sandbox(verdict: Verdict) -> str:
+    """The sandbox mode the verdict says its candidate ran in."""
+    return str(verdict.to_json().get("sandbox", UNSANDBOXED))
 
 
-def get(cache_key: str) -> Verdict | None:
-    with _open() as store:
-        text = store.get(cache_key)
-    if not isinstance(text, str):
+def usable_as_baseline(verdict: Verdict) -> bool:
+    """May other speedups be measured against `verdict` (the start, the best so far)?
+
+    Only a correct, timed verdict with no error, no failed check and no suspect speedup;
+    and a cached one only if it was measured inside the sandbox, where no candidate
+    could have written the cache. Anything else is re-evaluated (`use_cache=False`)
+    before it becomes a baseline, or never becomes one.
+    """
+    if not verdict.correct or verdict.error is not None or verdict.suspect:
+        return False
+    if any(not check.passed for check in verdict.checks):
+        return False
+    if not verdict.runtime_ms or verdict.runtime_ms <= 0 or not verdict.speedup:
+        return False
+    return not verdict.cached or _sandbox(verdict) != UNSANDBOXED
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
+    try:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, record TEXT)")
+    except sqlite3.DatabaseError:
+        db.close()
+        raise
+    return db
+
+
+@contextlib.contextmanager
+def _open() -> Iterator[sqlite3.Connection]:
+    """The cache database; a damaged one is moved aside and started afresh (it is only a
+    cache: every verdict in it can be measured again)."""
+    path = subdir("eval-cache") / DB_NAME
+    try:
+        db = _connect(path)
+    except sqlite3.DatabaseError:
+        path.replace(path.with_name(f"{DB_NAME}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"))
+        db = _connect(path)
+    try:
+        with db:  # one transaction, committed on success
+            yield db
+    finally:
+        db.close()
+
+
+def _record(cache_key: str, verdict: Verdict, sandbox: str) -> dict[str, Any]:
+    return {
+        "format": RECORD_FORMAT,
+        "key": cache_key,
+        "evaluator": evaluator_version(),
+        "sandbox": sandbox,
+        "fingerprint": fingerprint(),
+        "stored_at": time.time(),
+        "verdict": verdict.to_json(),
+    }
+
+
+def _valid(record: Any, cache_key: str, sandbox: str) -> bool:
+    """A record answers only for its own key, this evaluator and this sandbox mode."""
+    return (
+        isinstance(record, dict)
+        and record.get("format") == RECORD_FORMAT
+        and record.get("key") == cache_key
+        and record.get("evaluator") == evaluator_version()
+        and record.get("sandbox") == sandbox
+        and isinstance(record.get("verdict"), dict)
+        and record["verdict"].get("sandbox", sandbox) == sandbox
+    )
+
+
+def _decode(text: Any, cache_key: str, sandbox: str) -> Verdict | None:
+    """The verdict of a stored row; a damaged or foreign row is a miss, never an answer."""
+    try:
+        record: Any = json.loads(text) if isinstance(text, str) else None
+        if not _valid(record, cache_key, sandbox):
+            return None
+        return Verdict.from_json(record["verdict"])
+    except (json.JSONDecodeError, TypeError, ValueError, KeyError):
         return None
-    verdict = Verdict.from_json(json.loads(text))
+
+
+def get(cache_key: str, *, sandbox: str = UNSANDBOXED, baseline: bool = False) -> Verdict | None:
+    """The cached verdict for `cache_key` measured under `sandbox`, or None. With
+    `baseline`, only a verdict `usable_as_baseline` (else None: evaluate it afresh)."""
+    with _open() as db:
+        row = db.execute("SELECT record FROM verdicts WHERE key = ?", (cache_key,)).fetchone()
+    verdict = _decode(row[0] if row else None, cache_key, sandbox)
+    if verdict is None:
+        return None
     verdict.cached = True
-    return verdict
+    return verdict if not baseline or usable_as_baseline(verdict) else None
 
 
-def put(cache_key: str, verdict: Verdict) -> None:
-    with _open() as store:
-        store.set(cache_key, json.dumps(verdict.to_json()))
+def put(cache_key: str, verdict: Verdict, *, sandbox: str) -> None:
+    """Store `verdict` under `cache_key` as measured under `sandbox` (the mode its
+    candidate actually ran in; a record whose verdict says otherwise is never answered)."""
+    try:
+        record = json.dumps(_record(cache_key, verdict, sandbox), allow_nan=False)
+    except ValueError:
+        return  # a NaN or an infinity in it: not worth keeping as a record
+    with _open() as db:
+        db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?)", (cache_key, record))

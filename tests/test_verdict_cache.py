@@ -1,0 +1,171 @@
+"""The verdict cache: answered only for its own key, evaluator and sandbox mode; rows are
+JSON, never interpreted; and a verdict is a baseline only when it is clean and trusted."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from htam_engine.evaluate import cache
+from htam_engine.evaluate.verdict import Check, EvalError, Limits, Verdict
+from htam_engine.task import load_task
+
+FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HTAM_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def clean(sandbox: str = "bwrap") -> Verdict:
+    return Verdict(
+        sandbox=sandbox,
+        compiled=True,
+        correct=True,
+        runtime_ms=0.5,
+        ref_runtime_ms=1.0,
+        speedup=2.0,
+        checks=[Check("output.values", True)],
+        inputs_checked=3,
+    )
+
+
+def key_for(candidate: str, sandbox: str) -> str:
+    task = load_task(FIXTURES / "correct.py")
+    return cache.key(task, candidate, "cpu", Limits(), sandbox=sandbox)
+
+
+def rows(home: Path) -> sqlite3.Connection:
+    return sqlite3.connect(home / "eval-cache" / cache.DB_NAME)
+
+
+def test_a_record_answers_only_for_its_sandbox_mode() -> None:
+    inside, outside = key_for("x", "bwrap"), key_for("x", "none")
+    assert inside != outside
+    cache.put(inside, clean(), sandbox="bwrap")
+    hit = cache.get(inside, sandbox="bwrap")
+    assert hit is not None and hit.cached and hit.speedup == 2.0
+    assert cache.get(inside, sandbox="none") is None
+    assert cache.get(outside, sandbox="none") is None
+
+
+def test_the_record_keeps_the_conditions_of_the_measurement(home: Path) -> None:
+    cache.put(key_for("x", "bwrap"), clean(), sandbox="bwrap")
+    with rows(home) as db:
+        (text,) = db.execute("SELECT record FROM verdicts").fetchone()
+    record = json.loads(text)
+    assert record["sandbox"] == "bwrap"
+    assert record["evaluator"] == cache.evaluator_version()
+    assert record["fingerprint"] == cache.fingerprint()
+    assert record["verdict"]["speedup"] == 2.0
+
+
+def test_a_verdict_from_another_evaluator_is_a_miss(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = key_for("x", "bwrap")
+    cache.put(entry, clean(), sandbox="bwrap")
+    monkeypatch.setattr(cache, "evaluator_version", lambda: "0000000000000000")
+    assert cache.get(entry, sandbox="bwrap") is None
+
+
+def test_a_record_copied_under_another_key_is_a_miss(home: Path) -> None:
+    """A forged 'correct, 20x' for another file: the record names the key it was made for."""
+    honest, target = key_for("honest", "bwrap"), key_for("the cheat", "bwrap")
+    cache.put(honest, clean(), sandbox="bwrap")
+    with rows(home) as db:
+        (text,) = db.execute("SELECT record FROM verdicts").fetchone()
+        db.execute("INSERT INTO verdicts VALUES (?, ?)", (target, text))
+    assert cache.get(target, sandbox="bwrap") is None
+    assert cache.get(honest, sandbox="bwrap") is not None
+
+
+def test_a_row_that_is_not_json_is_never_interpreted(home: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "unpickled"
+    entry = key_for("x", "bwrap")
+    cache.put(key_for("other", "bwrap"), clean(), sandbox="bwrap")  # creates the table
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (marker.touch, ())  # type: ignore[return-value]
+
+    with rows(home) as db:
+        db.execute("INSERT INTO verdicts VALUES (?, ?)", (entry, pickle.dumps(Payload())))
+        db.execute("INSERT INTO verdicts VALUES (?, ?)", (key_for("y", "bwrap"), "{not json"))
+    assert cache.get(entry, sandbox="bwrap") is None
+    assert cache.get(key_for("y", "bwrap"), sandbox="bwrap") is None
+    assert not marker.exists()
+
+
+def test_a_damaged_cache_file_is_moved_aside_and_started_afresh(home: Path) -> None:
+    folder = home / "eval-cache"
+    folder.mkdir(parents=True)
+    (folder / cache.DB_NAME).write_bytes(b"this is not a database" * 100)
+    entry = key_for("x", "bwrap")
+    assert cache.get(entry, sandbox="bwrap") is None
+    cache.put(entry, clean(), sandbox="bwrap")
+    assert cache.get(entry, sandbox="bwrap") is not None
+    assert list(folder.glob(f"{cache.DB_NAME}.corrupt-*"))
+
+
+def suspect() -> Verdict:
+    verdict = clean()
+    verdict.speedup, verdict.suspect = 40.0, True
+    return verdict
+
+
+def cheating() -> Verdict:
+    verdict = clean()
+    verdict.correct = False
+    verdict.error = EvalError("cheating", "static.monkeypatch: patches time.perf_counter")
+    return verdict
+
+
+def failed_check() -> Verdict:
+    verdict = clean()
+    verdict.checks.append(Check("timing.wall_clock", False, "samples exceed the wall time"))
+    return verdict
+
+
+def untimed() -> Verdict:
+    verdict = clean()
+    verdict.runtime_ms = verdict.speedup = None
+    return verdict
+
+
+@pytest.mark.parametrize("make", [suspect, cheating, failed_check, untimed])
+def test_suspect_cheating_or_untimed_verdicts_are_never_a_baseline(make) -> None:
+    verdict = make()
+    assert not cache.usable_as_baseline(verdict)
+    entry = key_for(make.__name__, "bwrap")
+    cache.put(entry, verdict, sandbox="bwrap")
+    assert cache.get(entry, sandbox="bwrap") is not None  # still shown, still learned from
+    assert cache.get(entry, sandbox="bwrap", baseline=True) is None
+
+
+def test_a_clean_verdict_is_a_baseline_fresh_and_cached_inside_the_sandbox() -> None:
+    assert cache.usable_as_baseline(clean())
+    entry = key_for("x", "bwrap")
+    cache.put(entry, clean(), sandbox="bwrap")
+    assert cache.get(entry, sandbox="bwrap", baseline=True) is not None
+
+
+def test_a_cached_verdict_measured_without_the_sandbox_is_no_baseline() -> None:
+    """Without the sandbox a candidate could have written HTAM_HOME, the cache included."""
+    entry = key_for("x", "none")
+    cache.put(entry, clean("none"), sandbox="none")
+    hit = cache.get(entry, sandbox="none")
+    assert hit is not None and not cache.usable_as_baseline(hit)
+    assert cache.get(entry, sandbox="none", baseline=True) is None
+
+
+def test_a_record_whose_verdict_names_another_sandbox_is_a_miss() -> None:
+    entry = key_for("x", "bwrap")
+    cache.put(entry, clean("none"), sandbox="bwrap")
+    assert cache.get(entry, sandbox="bwrap") is None
