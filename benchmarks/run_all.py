@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
 SECTION_TIMEOUT_S = 3600
 
 
@@ -86,8 +87,8 @@ def command(section: Section, quick: bool, seed: int, out_file: Path) -> tuple[l
     The other owners' scripts are asked for what their --help offers (--quick, --seed,
     --out or --json), so a script that changes its flags still runs.
     """
-    script = HERE / section.script
-    flags = _help(script)
+    flags = _help(HERE / section.script)
+    script = (HERE / section.script).relative_to(REPO)  # run from the repository root
     args = [sys.executable, str(script), *(section.quick if quick else section.full)]
     if quick and "--quick" in flags and "--quick" not in args:
         args.append("--quick")
@@ -107,10 +108,10 @@ def run_section(section: Section, quick: bool, seed: int, out_dir: Path) -> dict
     started = time.monotonic()
     try:
         done = subprocess.run(
-            args, capture_output=True, text=True, timeout=SECTION_TIMEOUT_S, cwd=HERE.parent
+            args, capture_output=True, text=True, timeout=SECTION_TIMEOUT_S, cwd=REPO
         )
     except subprocess.TimeoutExpired:
-        return {"title": section.title, "status": "timeout", "command": args, "markdown": ""}
+        return {"title": section.title, "status": "timeout", "command": shown(args), "markdown": ""}
     wall = time.monotonic() - started
     data = _data(done.stdout if json_on_stdout else None, out_file)
     markdown = data.get("markdown") if isinstance(data.get("markdown"), str) else None
@@ -123,12 +124,19 @@ def run_section(section: Section, quick: bool, seed: int, out_dir: Path) -> dict
     return {
         "title": section.title,
         "status": "ok" if done.returncode == 0 else f"exit {done.returncode}",
-        "command": args,
+        "command": shown(args),
         "wall_s": wall,
         "data": data,
         "markdown": markdown or "",
         "stderr_tail": done.stderr.strip()[-1500:] if done.returncode else "",
     }
+
+
+def shown(args: list[str]) -> list[str]:
+    """The command as a reader reruns it from the repository root: no machine's paths."""
+    python = [".venv/bin/python"] if Path(sys.executable).is_relative_to(REPO) else ["python"]
+    rest = [str(Path(a).relative_to(REPO)) if Path(a).is_relative_to(REPO) else a for a in args[1:]]
+    return python + rest
 
 
 def flat_table(data: dict[str, Any], prefix: str = "") -> str:

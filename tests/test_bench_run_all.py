@@ -26,6 +26,9 @@ def test_quick_sections_write_json_and_markdown(tmp_path: Path) -> None:
     assert all(s["status"] == "ok" for s in sections.values()), sections
     assert sections["simulation"]["data"]["seed"] == 3  # the seed reaches every section
     assert "--seed" in sections["bench_policy"]["command"]
+    repo = str(SCRIPT.parents[1])
+    commands = [arg for s in sections.values() for arg in s["command"]]
+    assert not [arg for arg in commands if arg.startswith(repo)], "commands name this machine"
     report = (tmp_path / "results.md").read_text()
     assert "## Policy quality in simulation" in report and "| htam |" in report
     assert "| evidence entries |" in report  # bench_policy's own table, taken from stdout
