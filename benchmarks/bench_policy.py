@@ -6,7 +6,7 @@ For each size N, N synthetic outcomes (random directions, strategies, tasks and 
 of the cuda seed) are fed to both memories:
 
 - HTAM: the HTG keeps statistics per node and edge and bounded evidence per strategy, so
-  one step (select_global + EvidenceLocalSelector.choose + Graph.apply_outcome) touches
+  one step (the loop's `Episode.decide` and `finish` + Graph.apply_outcome) touches
   a fixed number of nodes. "HTAM (store)" is the same step against the real SQLite store
   (graph load, selection, one fsynced transaction) after importing that learned state.
 - flat: every outcome is one entry in a list; a step scores every entry against the
@@ -31,9 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from htam_engine.episode import Episode
 from htam_engine.memory import START, Graph, MemoryStore, Outcome, load_seed
 from htam_engine.memory.store import EXPORT_FORMAT, SCHEMA_VERSION, learned_rows
-from htam_engine.policy import EvidenceLocalSelector, PolicyConfig, make_prefix, select_global
+from htam_engine.policy import EvidenceLocalSelector
 from htam_engine.state import PathEntry, State
 from htam_engine.vocabulary import Status
 
@@ -100,40 +101,24 @@ def build(size: int, seed: int) -> tuple[Graph, list[FlatEntry]]:
     return graph, flat
 
 
+def query_episode() -> Episode:
+    """A run one step in, after an improving vectorization step."""
+    path = [PathEntry("memory_access", "vectorized_float4", Status.IMPROVED)]
+    return Episode("cuda", "elementwise", "cuda:relu:f32[1M]", path=path)
+
+
 def query_state() -> State:
-    path = [PathEntry("memory_access", "vectorized_float4", "improved")]
-    return State(
-        "cuda",
-        "elementwise",
-        "cuda:relu:f32[1M]",
-        {"scalar_loads", "no_restrict"},
-        set(),
-        1.4,
-        1.4,
-        path,
+    return query_episode().state(
+        {"scalar_loads", "no_restrict"}, last_speedup=1.4, best_speedup=1.4
     )
 
 
 def select_and_outcome(graph: Graph, state: State, rng: random.Random) -> Outcome:
-    """One global + local selection and the (fixed, improving) outcome it leads to."""
-    config = PolicyConfig()
-    prefix = make_prefix(state.path, config.K)
-    decision = select_global(graph, prefix, state, config, rng)
-    local = EvidenceLocalSelector().choose(graph, decision.chosen, state, {}).local_id
-    return Outcome(
-        "cuda",
-        state.task_signature,
-        prefix,
-        decision.alphas,
-        decision.chosen,
-        local,
-        "improved",
-        True,
-        True,
-        1.2,
-        0.8,
-        math.log(1.2),
-        "code",
+    """One step of the loop's own core: decide, then learn a (fixed, improving) outcome."""
+    episode = query_episode()
+    decision = episode.decide(graph, state, rng, EvidenceLocalSelector())
+    return episode.finish(
+        decision, Status.IMPROVED, speedup=1.2, runtime_ms=0.8, code_excerpt="code"
     )
 
 
