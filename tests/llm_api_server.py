@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from htam_engine.llm import Provider, RetryPolicy, make_provider
+
 ANTHROPIC_PATH = "/v1/messages"
 OPENAI_PATH = "/v1/chat/completions"
 
@@ -154,7 +156,9 @@ class ScriptedAPIServer:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._server.block_on_close = False
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -242,3 +246,18 @@ class ScriptedAPIServer:
                 return
 
         return Handler
+
+
+KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
+def sdk_provider(kind: str, server: ScriptedAPIServer, **options: Any) -> Provider:
+    """A real provider (official SDK) of `kind` talking to `server`: no cache, fast
+    retries unless `options` (make_provider's keywords) say otherwise."""
+    env = {KEYS[kind]: "sk-test-0123456789abcdef", **options.pop("env", {})}
+    url = server.url if kind == "anthropic" else server.url + "/v1"
+    options.setdefault("cache", False)
+    options.setdefault("retry", RetryPolicy(attempts=3, base_s=0.01, sleep=lambda _s: None))
+    made, _line = make_provider(kind, base_url=url, env=env, **options)
+    assert made is not None
+    return made

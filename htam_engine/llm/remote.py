@@ -83,6 +83,10 @@ class DeadlineExceeded(Exception):
         self.received = received
 
 
+class StreamBroken(Exception):
+    """The connection failed in the middle of a streamed answer: retried."""
+
+
 class FormRejected(Exception):
     """The server refused a structured-output form: try the next one."""
 
@@ -125,7 +129,13 @@ _TRANSIENT = (
     openai.APIConnectionError,
 )
 _STATUS = (anthropic.APIStatusError, openai.APIStatusError)
-_SDK_ERRORS = (anthropic.AnthropicError, openai.OpenAIError, ValueError, DeadlineExceeded)
+_SDK_ERRORS = (
+    anthropic.AnthropicError,
+    openai.OpenAIError,
+    ValueError,
+    DeadlineExceeded,
+    StreamBroken,
+)
 
 
 def _classify(error: Exception) -> tuple[bool, float | None, str]:
@@ -139,7 +149,7 @@ def _classify(error: Exception) -> tuple[bool, float | None, str]:
         return True, None, f"timed out (nothing received within the {error})"
     if isinstance(error, anthropic.APITimeoutError | openai.APITimeoutError):
         return True, None, "timed out"
-    if isinstance(error, _TRANSIENT):
+    if isinstance(error, (*_TRANSIENT, StreamBroken)):
         return True, None, f"connection failed ({error})"
     if isinstance(error, json.JSONDecodeError):
         return False, None, f"the server answered with malformed JSON ({error})"
@@ -200,9 +210,13 @@ def within_deadline(
     timer.start()
     try:
         answer = read(watch)
-    except (*_SDK_ERRORS, OSError):  # a socket closed under a read: EBADF and the like
-        if not watch.fired:
+    except Exception as error:  # noqa: BLE001 - a closed socket raises what its layer raises
+        if watch.fired:
+            pass  # our own close: reported as the deadline below
+        elif isinstance(error, _SDK_ERRORS):
             raise
+        else:  # a transport error the SDK let through mid-stream (anthropic does)
+            raise StreamBroken(f"{type(error).__name__}: {error}") from error
     finally:
         timer.cancel()
         stream.close()
