@@ -5,6 +5,13 @@ Every write is one `BEGIN IMMEDIATE` transaction; every value is JSON text, so a
 store can at worst fail validation, never execute code. Each write is also appended to
 `memory-journal.jsonl` (under a file lock, fsynced) so that a corrupt database can be
 rebuilt from the seed plus the journal.
+
+The journal only ever holds committed writes: a write's journal record goes into the
+database's outbox in the same transaction, and moves to the journal file only after
+COMMIT. A kill before COMMIT leaves nothing anywhere; a kill after it leaves the record in
+the outbox, flushed by the next process that opens the store; a kill between the
+journal's fsync and the outbox's clearing leaves it in both, and a rebuild applies each
+transaction (by its id) once. A committed `reset` empties the journal in the same flush.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import os
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +49,7 @@ DB_NAME = "memory.sqlite3"
 JOURNAL_NAME = "memory-journal.jsonl"
 LOCK_NAME = "memory.lock"
 EXPORT_FORMAT = "htam-memory"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 30_000
 
 
@@ -65,8 +73,21 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE kv ADD COLUMN updated REAL NOT NULL DEFAULT 0")
 
 
+def _migrate_2_to_3(db: sqlite3.Connection) -> None:
+    """v3 holds each write's journal record in the write's own transaction (the outbox)
+    until it is in the journal file, so the journal never holds an uncommitted write."""
+    db.execute(
+        "CREATE TABLE journal_outbox (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " op TEXT NOT NULL, record TEXT NOT NULL)"
+    )
+
+
 # MIGRATIONS[v] upgrades a database at schema version v to v + 1.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_0_to_1, _migrate_1_to_2)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _migrate_0_to_1,
+    _migrate_1_to_2,
+    _migrate_2_to_3,
+)
 
 
 class MemoryStore:
@@ -80,6 +101,7 @@ class MemoryStore:
         self._lock_path = self.home / LOCK_NAME
         self._guard = threading.RLock()  # one connection, shared by the loop's and server's threads
         self._db = self._open_checked()
+        self._flush_outbox()  # what a killed writer committed but did not journal
 
     # --- opening, migration, recovery ------------------------------------------------
 
@@ -149,7 +171,7 @@ class MemoryStore:
             records = list(self._read_journal())
             self._db = db
             with self._transaction() as tx:
-                for record in records:
+                for record in _once_per_transaction(records):
                     self._replay(tx, record)
         log.warning(
             "HTAM memory store %s was unreadable (%s); rebuilt from the seed and %d journal "
@@ -184,6 +206,8 @@ class MemoryStore:
                 self._put(tx, str(record["namespace"]), str(record["key"]), record["value"])
             elif op == "import":
                 self._load_snapshot(tx, _validate_snapshot(record.get("data")))
+            elif op == "reset":
+                self._clear(tx)
         except (MemoryDataError, MemoryStoreError, KeyError) as error:
             log.warning("journal record skipped during rebuild: %s", error)
 
@@ -214,14 +238,52 @@ class MemoryStore:
             return self._db.execute(sql, params).fetchall()
 
     def _write(self, record: dict[str, Any], change: Callable[[sqlite3.Connection], None]) -> None:
-        """One transaction that applies `change` and journals `record` before committing."""
-        line = json.dumps(record, separators=(",", ":")) + "\n"
+        """One transaction applies `change` and queues `record` for the journal; the
+        journal gets it only once the transaction has committed."""
+        line = json.dumps({**record, "txn": uuid.uuid4().hex}, separators=(",", ":"))
         with self._transaction() as tx:
             change(tx)
-            with self._journal_lock(), self.journal_path.open("a", encoding="utf-8") as journal:
-                journal.write(line)
-                journal.flush()
-                os.fsync(journal.fileno())
+            tx.execute(
+                "INSERT INTO journal_outbox (op, record) VALUES (?, ?)", (record["op"], line)
+            )
+        self._flush_outbox()
+
+    def _flush_outbox(self) -> None:
+        """Move committed journal records from the outbox to the journal file, then drop
+        them from the outbox (a kill in between journals them twice; a rebuild applies
+        each transaction once)."""
+        with self._guard, self._journal_lock():
+            rows = self._query("SELECT id, op, record FROM journal_outbox ORDER BY id")
+            if not rows:
+                return
+            resets = [index for index, (_, op, _) in enumerate(rows) if op == "reset"]
+            lines = [f"{record}\n" for _, _, record in rows]
+            if resets:  # a committed reset: nothing before it matters any more
+                self._replace_journal(lines[resets[-1] + 1 :])
+            else:
+                self._append_journal(lines)
+            with self._transaction() as tx:
+                tx.execute("DELETE FROM journal_outbox WHERE id <= ?", (rows[-1][0],))
+
+    def _append_journal(self, lines: list[str]) -> None:
+        with self.journal_path.open("a", encoding="utf-8") as journal:
+            journal.write("".join(lines))
+            journal.flush()
+            os.fsync(journal.fileno())
+
+    def _replace_journal(self, lines: list[str]) -> None:
+        """Atomically make `lines` the whole journal (written and fsynced aside first)."""
+        partial = self.journal_path.with_name(f"{JOURNAL_NAME}.partial")
+        with partial.open("w", encoding="utf-8") as journal:
+            journal.write("".join(lines))
+            journal.flush()
+            os.fsync(journal.fileno())
+        partial.replace(self.journal_path)
+        folder = os.open(self.home, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
     def close(self) -> None:
         self._db.close()
@@ -345,10 +407,25 @@ class MemoryStore:
 
     def reset(self) -> None:
         """Forget everything learned (statistics, evidence, stored values) and the journal."""
-        with self._transaction() as tx, self._journal_lock():
-            tx.execute("DELETE FROM learned")
-            tx.execute("DELETE FROM kv")
-            self.journal_path.unlink(missing_ok=True)
+        self._write({"op": "reset"}, self._clear)
+
+    @staticmethod
+    def _clear(tx: sqlite3.Connection) -> None:
+        tx.execute("DELETE FROM learned")
+        tx.execute("DELETE FROM kv")
+
+
+def _once_per_transaction(records: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The journal's records, each transaction once (a killed flush may have written one
+    twice); records from before transaction ids always count."""
+    seen: set[str] = set()
+    for record in records:
+        txn = record.get("txn")
+        if isinstance(txn, str):
+            if txn in seen:
+                continue
+            seen.add(txn)
+        yield record
 
 
 # --- learned rows <-> graph --------------------------------------------------------------
