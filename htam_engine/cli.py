@@ -22,6 +22,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("optimize", "htam_engine.loop_cli"),
     ("eval", "htam_engine.evaluate.cli"),
     ("memory", "htam_engine.memory.cli"),
+    ("bench", "htam_engine.sweep"),
 )
 
 
@@ -51,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except UserError as error:
         print(f"htam: error: {error}", file=sys.stderr)
-        _machine_readable_error(args, str(error), "user_error")
+        _machine_readable_error(args, str(error), error.kind)
         return 2
     except KeyboardInterrupt:
         print("htam: interrupted", file=sys.stderr)

@@ -4,3 +4,12 @@
 class UserError(Exception):
     """A problem the user can fix; the CLI prints it as one clear line (or one JSON
     document with `--json`, an error event with `--events`) and exits with code 2."""
+
+    kind = "user_error"
+
+
+class NoStartError(UserError):
+    """A task with nothing to start from (a KernelBench problem without `ModelNew`) and no
+    LLM to write the first implementation."""
+
+    kind = "no_start"

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from htam_engine import events
-from htam_engine.errors import UserError
+from htam_engine.errors import NoStartError, UserError
 from htam_engine.report import format_speedup
 
 PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
@@ -52,16 +52,19 @@ def run(args: argparse.Namespace) -> int:
     from htam_engine.loop import LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
     from htam_engine.report import write_outputs
-    from htam_engine.task import load_task
+    from htam_engine.task import load_task, with_start
 
     if args.steps < 1:
         raise UserError("--steps must be at least 1")
     task = load_task(Path(args.task))
-    start_source = Path(args.start).read_text() if args.start else task.impl_source
+    if args.start:
+        task = with_start(task, Path(args.start))
+    start_source = task.impl_source
     if not start_source:
-        raise UserError(
-            f"{args.task} has no implementation to start from: write a ModelNew "
-            "(see examples/) or pass --start FILE"
+        raise NoStartError(
+            f"{args.task} is a task without an implementation to start from (a KernelBench "
+            "problem: Model, no ModelNew): write a ModelNew (see examples/) or pass "
+            "--start FILE"
         )
     try:
         provider, why = make_provider(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -138,6 +138,15 @@ def load_task(path: str | Path) -> Task:
         raise TaskError(f"{impl}: a .cu binding needs entry=FUNCTION (the host function)")
     backend = guess_backend(kind, source)
     return Task(task_name(reference), reference, ref_source, impl, source, kind, entry, backend)
+
+
+def with_start(task: Task, start: Path) -> Task:
+    """The task optimized from `start` instead: its backend follows the start's code."""
+    source = _read(start, "start file")
+    kind: Literal["py", "cu"] = "cu" if start.suffix in (".cu", ".cuh") else "py"
+    if kind != task.kind:
+        raise TaskError(f"--start {start} is a .{kind} file but {task.name} is a .{task.kind} task")
+    return replace(task, impl_source=source, backend=guess_backend(kind, source))
 
 
 GENERIC_STEMS = {"reference", "ref", "model", "task", "problem"}

@@ -1,0 +1,74 @@
+"""`htam bench kernelbench` on real KernelBench problem files (sizes reduced)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from htam_engine import sweep
+from htam_engine.errors import UserError
+
+KERNELBENCH = Path(__file__).parent / "fixtures" / "kernelbench"
+
+
+def result(key: str, correct: bool, speedup: float | None) -> sweep.ProblemResult:
+    return sweep.ProblemResult(key, 1, 1, "done", correct, speedup, None, 1, 0, 0.0)
+
+
+def test_discovers_levels_and_selects_ids() -> None:
+    problems = sweep.discover(KERNELBENCH)
+    assert [p.key for p in problems if p.level == 1] == [
+        "level1/1_Square_matrix_multiplication_",
+        "level1/19_ReLU",
+        "level1/23_Softmax",
+    ]
+    assert {p.level for p in problems} == {1, 2, 3}
+    chosen = sweep.select(problems, [1], sweep.parse_ids("1-18,23"))
+    assert [p.id for p in chosen] == [1, 23]
+    assert sweep.discover(KERNELBENCH / "level3") == [p for p in problems if p.level == 3]
+
+
+@pytest.mark.parametrize("spec", ["a-3", "1-", "1,,2", "3-x"])
+def test_a_bad_problem_list_is_a_user_error(spec: str) -> None:
+    with pytest.raises(UserError, match="--problems"):
+        sweep.parse_ids(spec)
+
+
+def test_metrics_count_every_problem_in_the_denominator() -> None:
+    results = [
+        result("a", True, 2.5),
+        result("b", True, 1.2),
+        result("c", True, 0.5),
+        result("d", False, None),
+    ]
+    m = sweep.metrics(results)
+    assert m["problems"] == 4
+    assert m["fast_0"] == 0.75
+    assert (m["fast_1"], m["fast_1.5"], m["fast_2"]) == (0.5, 0.25, 0.25)
+    assert math.isclose(m["geomean_correct"], (2.5 * 1.2 * 0.5) ** (1 / 3))
+    assert math.isclose(m["geomean_all"], (2.5 * 1.2 * 0.5 * 1.0) ** (1 / 4))
+
+
+def test_offline_sweep_says_why_each_problem_cannot_start_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "htam_engine.cli", "bench", "kernelbench", str(KERNELBENCH)]
+    argv += ["--level", "1", "--problems", "19,23", "--provider", "offline", "--device", "cpu"]
+    argv += ["--out", str(out), "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["metrics"]["problems"] == 2 and summary["metrics"]["fast_0"] == 0.0
+    assert summary["metrics"]["geomean_all"] == 1.0
+    for problem in summary["problems"]:
+        assert problem["status"] == "no_start" and "ModelNew" in problem["message"]
+    table = (out / "summary.md").read_text()
+    assert "| level1/19_ReLU | no_start |" in table
+    first = (out / "level1" / "19_ReLU" / "result.json").stat().st_mtime_ns
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and json.loads(again.stdout)["metrics"] == summary["metrics"]
+    assert (out / "level1" / "19_ReLU" / "result.json").stat().st_mtime_ns == first
