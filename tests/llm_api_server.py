@@ -151,6 +151,8 @@ class ScriptedAPIServer:
         self.replies: deque[Reply] = deque()
         self.requests: list[Request] = []
         self.hangups = 0
+        self.in_flight = 0
+        self.max_in_flight = 0  # the most requests served at once (best-of-k is parallel)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -217,6 +219,16 @@ class ScriptedAPIServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 reply = server._next(Request(self.path, headers, body))
+                with server._lock:
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    self._answer(reply, body)
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
+
+            def _answer(self, reply: Reply, body: dict[str, Any]) -> None:
                 if self.path not in (ANTHROPIC_PATH, OPENAI_PATH):
                     reply = Reply(status=404, raw_body=b'{"error": "no such endpoint"}')
                 time.sleep(reply.delay_s)

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from htam_engine.llm import extract_candidate, extract_json, make_provider, parse_choice
+from htam_engine.llm.measure import main as measure_main
+from htam_engine.llm.measure import measure
 from htam_engine.memory.model import load_seed
 from htam_engine.policy.llm_chooser import LLMLocalSelector
 from htam_engine.state import State
@@ -137,3 +139,25 @@ def test_a_recorded_answer_that_ran_to_the_limit_gives_no_code() -> None:
     assert longest["output_tokens"] >= 4096
     answer = extract_candidate(longest["text"], "python", truncated=True)
     assert answer.code is None and "max_tokens" in answer.reason
+
+
+def test_measure_counts_the_recorded_answers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert measure_main([*map(str, CASSETTES), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["choices"] == len(CHOICES)
+    assert report["code_answers"] == len(GENERATIONS)
+    assert report["code_used"] + sum(report["rejected"].values()) == len(GENERATIONS)
+    assert report["rejected"].get("empty answer") == 1
+    assert report["output_tokens"] == sum(
+        e["output_tokens"] for c in (CHOICES, GENERATIONS) for _, e in c
+    )
+
+
+def test_measure_tells_the_last_object_from_the_first(tmp_path: Path) -> None:
+    """An echoed template, then a real answer: only the new reading counts it valid."""
+    echo = next(e for _, e in CHOICES if '"local": "<id>"' in e["text"])
+    answer = json.dumps({"local": offered(echo)[0], "reason": "r"})
+    cassette = tmp_path / "c.jsonl"
+    cassette.write_text(json.dumps({**echo, "text": echo["text"] + answer}) + "\n")
+    report = measure([cassette])
+    assert (report.choices, report.valid_choices, report.valid_first_object) == (1, 1, 0)

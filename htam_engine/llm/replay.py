@@ -23,7 +23,7 @@ def cassette_key(system: str, prompt: str) -> str:
     return prompt_key(system, prompt)
 
 
-def _read_cassette(path: Path) -> list[dict[str, Any]]:
+def read_cassette(path: Path) -> list[dict[str, Any]]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as error:
@@ -52,7 +52,7 @@ class ReplayProvider(Provider):
     def __init__(self, cassette: Path) -> None:
         super().__init__()
         self.cassette = Path(cassette)
-        self._entries = _read_cassette(self.cassette)
+        self._entries = read_cassette(self.cassette)
         self.model = str(self._entries[0].get("model", "replay")) if self._entries else "replay"
         self._used = [False] * len(self._entries)
         self._lock = threading.Lock()

@@ -1,0 +1,180 @@
+"""Code from the LLM over the wire: one generation, best-of-k in parallel, the repair
+turn, and the checks that keep code that cannot run from ever being compiled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from llm_api_server import Reply, ScriptedAPIServer, sdk_provider
+
+from htam_engine.llm import (
+    LIMITS,
+    BudgetExhausted,
+    LLMError,
+    RunBudget,
+    count_tokens,
+    extract_candidate,
+    failure_text,
+    generate,
+    generate_candidates,
+    needs_repair,
+    repair,
+)
+from htam_engine.llm.prompts import BUDGET
+
+MODEL_NEW = (
+    "import torch\n\nclass ModelNew(torch.nn.Module):\n"
+    "    def forward(self, x):\n        return x * {n}\n"
+)
+CUDA = (
+    '#include <cuda_runtime.h>\n__global__ void k(float* x) {{ x[0] = {n}.f; }}\nextern "C" '
+    "void softmax_forward(float* x) {{ k<<<1, 1>>>(x); }}\n"
+)
+
+
+def fenced(code: str, tag: str = "python") -> str:
+    return f"Here you go:\n```{tag}\n{code}```\nDone."
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedAPIServer]:
+    with ScriptedAPIServer() as running:
+        yield running
+
+
+def test_a_generation_gives_code(server: ScriptedAPIServer) -> None:
+    server.script(Reply(text=fenced(MODEL_NEW.format(n=2))))
+    made = generate(sdk_provider("openai", server), "s", "p", "python")
+    assert made.code == MODEL_NEW.format(n=2) and made.reason == ""
+    assert made.completion is not None and made.to_json()["code"] is True
+    assert server.requests[0].body["max_tokens"] == LIMITS["generate"].max_tokens
+
+
+def test_a_generation_cut_off_in_the_class_is_no_code(server: ScriptedAPIServer) -> None:
+    server.script(Reply(text="```python\nimport torch\n\nclass ModelNew(torch.nn.Module):\n"))
+    server.replies[0].finish = "length"
+    made = generate(sdk_provider("anthropic", server), "s", "p", "python")
+    assert made.code is None
+    assert "does not parse" in made.reason and "max_tokens" in made.reason
+
+
+@pytest.mark.parametrize(
+    ("text", "language", "entry", "reason"),
+    [
+        (fenced(CUDA.format(n=1), "cuda"), "cuda", "softmax_forward", ""),
+        (fenced(CUDA.format(n=1), "cuda"), "cuda", "other_entry", "no function other_entry"),
+        (fenced(MODEL_NEW.format(n=1)), "cuda", "softmax_forward", "the answer is python code"),
+        (fenced(CUDA.format(n=1), "cuda"), "python", None, "the answer is cuda code"),
+        (fenced("import torch\nclass ModelNew:\n    pass\n"), "python", None, "no forward"),
+        (fenced("import torch\nclass Model:\n    def forward(self): ...\n"), "python", None, "no"),
+        ("I would tile the loop.", "python", None, "no code in the answer"),
+        (fenced("int f() { return 1; }\n", "cpp"), "cuda", None, "no __global__ kernel"),
+    ],
+)
+def test_what_can_be_compiled(text: str, language: str, entry: str | None, reason: str) -> None:
+    answer = extract_candidate(text, language, entry=entry)
+    assert (answer.code is not None) is (reason == "")
+    assert reason in answer.reason
+
+
+def test_best_of_k_asks_k_times_in_parallel_and_keeps_the_order(
+    server: ScriptedAPIServer,
+) -> None:
+    k = 3
+    server.script(*(Reply(text=fenced(MODEL_NEW.format(n=n)), delay_s=0.3) for n in range(k)))
+    made = generate_candidates(sdk_provider("openai", server, cache=True), "s", "p", "python", k=k)
+    assert [m.sample for m in made] == list(range(k))
+    assert {m.code for m in made} == {MODEL_NEW.format(n=n) for n in range(k)}
+    assert len(server.requests) == k, "each sample is its own call, never a cached copy"
+    assert server.max_in_flight == k
+
+
+def test_a_failed_sample_is_kept_with_its_reason(server: ScriptedAPIServer) -> None:
+    server.script(Reply(status=400), Reply(text=fenced(MODEL_NEW.format(n=1))))
+    provider = sdk_provider("openai", server)
+    made = generate_candidates(provider, "s", "p", "python", k=2)
+    assert sorted(m.code is None for m in made) == [False, True]
+    failed = next(m for m in made if m.code is None)
+    assert "LLM call failed" in failed.reason and "HTTP 400" in failed.reason
+
+
+def test_when_every_sample_fails_the_llm_failed(server: ScriptedAPIServer) -> None:
+    server.script(Reply(status=401), Reply(status=401))
+    with pytest.raises(LLMError, match="HTTP 401"):
+        generate_candidates(sdk_provider("openai", server), "s", "p", "python", k=2)
+
+
+def test_a_spent_budget_stops_best_of_k(server: ScriptedAPIServer) -> None:
+    provider = sdk_provider("openai", server, budget=RunBudget(max_tokens=5))
+    with pytest.raises(BudgetExhausted):
+        generate_candidates(
+            provider, "s", "a prompt that needs more than five tokens", "python", k=2
+        )
+    assert server.requests == []
+
+
+def test_k_must_be_positive(server: ScriptedAPIServer) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        generate_candidates(sdk_provider("openai", server), "s", "p", "python", k=0)
+
+
+def verdict(kind: str, excerpt: str = "", checks: list[dict[str, Any]] | None = None) -> dict:
+    error = {"kind": kind, "message": f"{kind} happened", "excerpt": excerpt, "line": 7}
+    return {"compiled": kind != "compile_error", "correct": False, "error": error, "checks": checks}
+
+
+@pytest.mark.parametrize(
+    ("kind", "repairable"),
+    [
+        ("compile_error", True),
+        ("runtime_error", True),
+        ("incorrect", True),
+        ("timeout", False),
+        ("cheating", False),
+        ("oom", False),
+    ],
+)
+def test_which_failures_get_a_repair_turn(kind: str, repairable: bool) -> None:
+    assert needs_repair(verdict(kind)) is repairable
+
+
+def test_a_correct_verdict_needs_no_repair() -> None:
+    assert needs_repair({"compiled": True, "correct": True, "error": None}) is False
+
+
+def test_the_failure_text_has_the_excerpt_and_the_failed_checks() -> None:
+    checks = [
+        {"name": "outputs_match", "passed": False, "detail": "max abs error 0.31 at [3, 17]"},
+        {"name": "inputs_unchanged", "passed": True, "detail": ""},
+    ]
+    text = failure_text(verdict("incorrect", "expected 1.0, got 0.69", checks))
+    assert text.startswith("incorrect (line 7): incorrect happened")
+    assert "expected 1.0, got 0.69" in text and "max abs error 0.31" in text
+    assert "inputs_unchanged" not in text
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_the_repair_turn_shows_the_failure_and_asks_for_a_fixed_file(
+    kind: str, server: ScriptedAPIServer
+) -> None:
+    log = 'k.cu(12): error: identifier "blockDimx" is undefined\n' * 2000  # a huge log
+    failed = MODEL_NEW.format(n=1)
+    server.script(Reply(text=fenced(MODEL_NEW.format(n=2))))
+    fixed = repair(
+        sdk_provider(kind, server),
+        task_source="class Model: ...",
+        failed_code=failed,
+        verdict=verdict("compile_error", log),
+        local_text="Shared-memory tiling",
+        language="python",
+    )
+    assert fixed.code == MODEL_NEW.format(n=2) and fixed.purpose == "repair"
+    body = server.requests[0].body
+    assert body["max_tokens"] == LIMITS["repair"].max_tokens
+    prompt = body["messages"][-1]["content"]
+    assert 'identifier "blockDimx" is undefined' in prompt and failed.strip() in prompt
+    assert "Shared-memory tiling" in prompt
+    assert count_tokens(prompt) < count_tokens(log) // 10
+    assert count_tokens(prompt) < sum(BUDGET.values())
