@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 from htam_engine import sweep
 from htam_engine.errors import UserError
@@ -72,3 +75,16 @@ def test_offline_sweep_says_why_each_problem_cannot_start_and_resumes(tmp_path: 
     again = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and json.loads(again.stdout)["metrics"] == summary["metrics"]
     assert (out / "level1" / "19_ReLU" / "result.json").stat().st_mtime_ns == first
+
+
+def test_problems_run_as_tasks_on_a_local_ray_cluster(tmp_path: Path) -> None:
+    require(None if importlib.util.find_spec("ray") else "ray is not installed (htam[ray])")
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "htam_engine.cli", "bench", "kernelbench", str(KERNELBENCH)]
+    argv += ["--level", "3", "--provider", "offline", "--out", str(out), "--ray", "local"]
+    env = {**os.environ, "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    keys = [p["key"] for p in json.loads(done.stdout)["problems"]]
+    assert keys == ["level3/1_MLP", "level3/35_LSTM"]
+    assert all((out / key / "result.json").is_file() for key in keys)
