@@ -42,6 +42,7 @@ class Reply:
     stall_after: int | None = None
     stall_silent: bool = False  # stall without a byte (else SSE comments keep it alive)
     usage: bool = True  # OpenAI stream: send the usage chunk when asked for it
+    message: str = ""  # the error message (default: "scripted <status>")
 
 
 @dataclass
@@ -54,7 +55,8 @@ class Request:
 def _anthropic_body(reply: Reply, model: str) -> dict[str, Any]:
     if reply.status >= 400:
         kind = "rate_limit_error" if reply.status == 429 else "api_error"
-        return {"type": "error", "error": {"type": kind, "message": f"scripted {reply.status}"}}
+        message = reply.message or f"scripted {reply.status}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
     return {
         "id": "msg_test",
         "type": "message",
@@ -69,7 +71,8 @@ def _anthropic_body(reply: Reply, model: str) -> dict[str, Any]:
 
 def _openai_body(reply: Reply, model: str) -> dict[str, Any]:
     if reply.status >= 400:
-        return {"error": {"message": f"scripted {reply.status}", "type": "server_error"}}
+        message = reply.message or f"scripted {reply.status}"
+        return {"error": {"message": message, "type": "server_error"}}
     return {
         "id": "chatcmpl-test",
         "object": "chat.completion",

@@ -228,3 +228,13 @@ def test_one_steps_usage_is_the_difference() -> None:
     assert (step.calls, step.input_tokens, step.output_tokens) == (1, 100, 50)
     assert step.cost_usd == pytest.approx(1.0)
     assert step.by_purpose == {"local": 0.0, "generate": 1.0}
+
+
+def test_a_server_that_refuses_stream_options_is_asked_without(server: ScriptedAPIServer) -> None:
+    refusal = "1 validation error: stream_options: extra fields not permitted"
+    server.script(Reply(status=422, message=refusal), Reply(text="fine"), Reply(text="again"))
+    llm = sdk_provider("openai", server)
+    assert llm.complete("system", "p").text == "fine"
+    assert llm.complete("system", "p2").text == "again"
+    assert ["stream_options" in r.body for r in server.requests] == [True, False, False]
+    assert llm.usage.output_tokens == count_tokens("fine") + count_tokens("again")

@@ -457,6 +457,7 @@ class OpenAIProvider(RemoteProvider):
     def __init__(self, model: str, *, api_key: str, base_url: str | None = None, **kw: Any):
         super().__init__(model, api_key=api_key, base_url=base_url, **kw)
         self._client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0)
+        self.stream_usage = True
 
     def _call(
         self,
@@ -482,11 +483,28 @@ class OpenAIProvider(RemoteProvider):
             {"role": "user", "content": prompt},
         ]
         started = time.monotonic()
-        stream = self._client.chat.completions.create(
-            **request, stream=True, stream_options={"include_usage": True}, timeout=deadline_s
-        )
+        stream = self._open(request, deadline_s)
         sent = system + prompt
         return within_deadline(stream, started, deadline_s, lambda w: _read_openai(stream, w, sent))
+
+    def _open(self, request: dict[str, Any], deadline_s: float) -> Any:
+        """The stream, with the usage chunk asked for while the server accepts that:
+        a server that refuses `stream_options` (HTTP 400/422 naming it) is asked
+        without it from then on, and its tokens are counted here."""
+        if not self.stream_usage:
+            return self._client.chat.completions.create(**request, stream=True, timeout=deadline_s)
+        try:
+            return self._client.chat.completions.create(
+                **request, stream=True, stream_options={"include_usage": True}, timeout=deadline_s
+            )
+        except openai.APIStatusError as error:
+            if error.status_code not in {400, 422} or "stream_options" not in str(error):
+                raise
+            log.warning(
+                "%s refused stream_options (HTTP %d); asking without", self.model, error.status_code
+            )
+            self.stream_usage = False
+            return self._open(request, deadline_s)
 
 
 def _read_openai(stream: Any, watch: _Watch, sent: str) -> Answer:
