@@ -155,6 +155,7 @@ class Optimizer:
             best_source=start_source,
         )
         self.tried: set[tuple[str, str]] = set()  # (strategy, code) pairs already evaluated
+        self.failed: dict[str, Status] = {}  # strategies that failed in this run: not again
 
     # -- the loop -------------------------------------------------------------------
 
@@ -236,7 +237,9 @@ class Optimizer:
         """None for a runnable strategy, else the reason it cannot run now."""
         result: dict[str, str | None] = {}
         for local_id, node in graph.locals.items():
-            if (local_id, source) in self.tried:
+            if local_id in self.failed:
+                result[local_id] = f"failed earlier in this run ({self.failed[local_id]})"
+            elif (local_id, source) in self.tried:
                 result[local_id] = "already tried on the current code"
             elif node.mechanical:
                 rewrite = REGISTRY.get(node.mechanical)
@@ -317,6 +320,8 @@ class Optimizer:
             code_excerpt=_excerpt(candidate or ""),
         )
         self.store.apply_outcome(outcome)
+        if status.info.penalty is not None:
+            self.failed[decision.local_id] = status
         return outcome.reward
 
     def _over_start(self, verdict: dict[str, Any]) -> float | None:

@@ -176,3 +176,31 @@ def test_cancel_mid_step_learns_nothing(task: Path, tmp_path: Path) -> None:
     assert result.steps == []
     graph = store.graph("cpu")
     assert sum(node.stats.attempts for node in graph.locals.values()) == 0
+
+
+def test_a_strategy_that_failed_is_not_tried_again_in_the_run(task: Path, tmp_path: Path) -> None:
+    import random
+
+    from htam_engine.loop import LoopConfig, Optimizer, _restrict_to_applicable
+    from htam_engine.memory import MemoryStore
+    from htam_engine.policy import EvidenceLocalSelector
+    from htam_engine.task import load_task
+    from htam_engine.vocabulary import Status
+
+    loaded = load_task(task)
+    store = MemoryStore(tmp_path / "home")
+    source = loaded.impl_source or ""
+    optimizer = Optimizer(
+        loaded, source, provider=None, store=store, config=LoopConfig(steps=1, device="cpu")
+    )
+    graph = store.graph("cpu")
+    runnable = optimizer._applicability(graph, source)
+    usable = _restrict_to_applicable(graph, runnable)
+    state = optimizer._state(source)
+    decision = optimizer.episode.decide(
+        usable, state, random.Random(0), EvidenceLocalSelector(), runnable
+    )
+    assert runnable[decision.local_id] is None
+    optimizer._learn(decision, Status.COMPILE_ERROR, {"compiled": False}, None, source)
+    later = optimizer._applicability(graph, source + "\n// another version\n")
+    assert later[decision.local_id] == "failed earlier in this run (compile_error)"
