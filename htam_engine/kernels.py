@@ -5,9 +5,10 @@
 no torch headers compiles in well under a second. Candidates call `load_cpp` from their
 `ModelNew` and pass `tensor.data_ptr()` to the functions.
 
-Builds are cached by the hash of (source, flags, compiler) under `$HTAM_BUILD_DIR`
-(set per worker by the evaluator) or the HTAM home, so an unchanged kernel never
-compiles twice.
+Builds are cached by the hash of (source, flags, compiler) under the folder given to
+`use_build_dir` (the evaluator's worker gives its own box: a cache that candidates share
+could be poisoned), else `$HTAM_BUILD_DIR` or the HTAM home, so an unchanged kernel
+never compiles twice there.
 """
 
 from __future__ import annotations
@@ -31,8 +32,17 @@ class CompileError(RuntimeError):
         self.log = log
 
 
+_build_dir: Path | None = None
+
+
+def use_build_dir(folder: Path) -> None:
+    """Build into `folder` from now on in this process."""
+    global _build_dir
+    _build_dir = folder
+
+
 def _build_root() -> Path:
-    override = os.environ.get("HTAM_BUILD_DIR")
+    override = _build_dir or os.environ.get("HTAM_BUILD_DIR")
     if override:
         root = Path(override)
     else:

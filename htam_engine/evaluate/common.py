@@ -16,12 +16,12 @@ import torch
 import torch.utils.cpp_extension as cpp_extension
 
 from htam_engine.kernels import CompileError
-from htam_engine.paths import subdir
 
 _OOM = re.compile(
     r"out of memory|can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED|std::bad_alloc", re.I
 )
 _CUDA = re.compile(r"CUDA error|CUDA kernel errors|cudaError|illegal memory access", re.I)
+_ALIGN = 64
 _ENTRY_SIGNATURE = r"((?:torch::Tensor|at::Tensor|std::vector<torch::Tensor>)\s+{name}\s*\([^)]*\))"
 
 
@@ -79,9 +79,9 @@ def changed_attributes(guarded: list[tuple[str, Any, str, Any]]) -> list[str]:
     ]
 
 
-def share_inline_builds() -> None:
-    """Make `load_inline` build into a directory keyed by the hash of its arguments, so an
-    identical extension is compiled once per machine, whichever worker asks for it."""
+def share_inline_builds(root: Path) -> None:
+    """Make `load_inline` build into a folder of `root` keyed by the hash of its arguments
+    (the worker's own box: a build shared between candidates could be poisoned)."""
     original = cpp_extension.load_inline
 
     @functools.wraps(original)
@@ -90,7 +90,7 @@ def share_inline_builds() -> None:
             key = hashlib.sha256(
                 repr((name, args, sorted(kwargs.items()), torch.__version__)).encode()
             ).hexdigest()[:20]
-            folder = subdir("torch-extensions") / f"{name}-{key}"
+            folder = root / f"{name}-{key}"
             folder.mkdir(parents=True, exist_ok=True)
             kwargs["build_directory"] = str(folder)
         return original(name, *args, **kwargs)
@@ -147,3 +147,35 @@ def tolerance(dtype: torch.dtype) -> float:
     if dtype in (torch.float16, torch.bfloat16):
         return 1e-2
     return 1e-4 if dtype.is_floating_point else 0.0
+
+
+def layout(values: list[Any]) -> tuple[list[dict[str, Any]], int]:
+    """Where each tensor of `values` lies in a flat byte buffer (64-byte aligned), and
+    the buffer's size; other values travel as they are."""
+    items: list[dict[str, Any]] = []
+    offset = 0
+    for value in values:
+        if not isinstance(value, torch.Tensor):
+            items.append({"value": value})
+            continue
+        items.append({"dtype": str(value.dtype), "shape": list(value.shape), "offset": offset})
+        offset += -(-value.numel() * value.element_size() // _ALIGN) * _ALIGN
+    return items, offset
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise CandidateError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def tensor_view(buffer: torch.Tensor, item: dict[str, Any]) -> torch.Tensor:
+    """The tensor `item` describes, viewed in place in the byte `buffer`."""
+    dtype = _dtype(item["dtype"])
+    count = 1
+    for size in item["shape"]:
+        count *= size
+    start = item["offset"]
+    raw = buffer[start : start + count * torch.empty((), dtype=dtype).element_size()]
+    return raw.view(dtype).view(item["shape"])

@@ -1,63 +1,79 @@
-"""The judge: `python -m htam_engine.evaluate.judge JOBDIR`; the candidate never runs here.
+"""The judge: `python -m htam_engine.evaluate.judge JOBDIR`, the trusted side's hands.
 
-It makes the input sets (fresh seeds), computes the reference outputs, then on `judge`
-loads what the worker saved (plain tensors only, `weights_only=True`) and compares:
-inputs unchanged, shape, dtype, NaN/Inf, aliasing, values, fresh (not another set's
-answer) and synchronous (the answer was complete when forward returned).
+It runs outside the sandbox and never imports the candidate. It draws the seeds and
+makes every input itself (they exist only in its memory and, one call at a time, in the
+box of the worker being called), computes the expected outputs (float32 and float64),
+and drives two sandboxed workers that run the same harness: one holds the reference,
+the other the candidate. Each call is timed by this process's clock from `go` to `done`;
+then the worker's whole process tree is stopped and its outputs are read from its box,
+so nothing it does afterwards can finish or change them. Verification and timing are
+the same kind of call; timed outputs at random positions, and the last, are judged.
+Only lines carrying the caller's token (its first stdin line) reach the caller.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import ctypes
+import fcntl
 import json
+import os
+import secrets
+import shutil
+import signal
+import statistics
 import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from htam_engine.evaluate import common
+from htam_engine.evaluate import common, sandbox
+from htam_engine.evaluate.process import (
+    Child,
+    Stop,
+    descendants,
+    freeze,
+    python_module,
+    signal_all,
+    thaw,
+)
 
 Outputs = list[torch.Tensor]
+ROLES = ("reference", "candidate")
+LATE_CHECK_S = 0.1  # how long after `done` a verified output is read again
+WARMUP = 2
+MIN_TRIALS = 10
+JUDGED_SHARE = 0.3  # of the timed calls, besides the last
+CALL_LIMIT_FACTOR = 20.0  # a timed call may take this many times the reference's, ...
+CALL_LIMIT_FLOOR_S = 1.0  # ... or this long, whichever is more
+PRECISION_FLOOR = 1e-4  # relative RMS error that float32 work never needs (fp16: ~3e-4)
+PRECISION_FACTOR = 16.0
+_PR_SET_CHILD_SUBREAPER = 36
+_rng = secrets.SystemRandom()
 
 
 def _as_list(out: Any) -> list[Any]:
     return list(out) if isinstance(out, tuple | list) else [out]
 
 
-def _prepare(jobdir: Path, job: dict[str, Any]) -> tuple[list[list[Any]], list[Outputs]]:
-    reference = common.import_file("htam_reference", jobdir / "reference.py")
-    device = torch.device(job["device"])
-    torch.manual_seed(job["init_seed"])
-    model = reference.Model(*reference.get_init_inputs()).to(device)
-    all_inputs, all_outputs = [], []
-    for index, seed in enumerate(job["seeds"]):
-        torch.manual_seed(seed)
-        alt = index == len(job["seeds"]) - 1 and hasattr(reference, "get_inputs_alt")
-        inputs = list(reference.get_inputs_alt() if alt else reference.get_inputs())
-        torch.save(inputs, jobdir / f"inputs_{index}.pt")
-        moved = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
-        with torch.no_grad():
-            outputs = [o.detach().cpu() for o in _as_list(model(*moved))]
-        all_inputs.append(inputs)
-        all_outputs.append(outputs)
-    return all_inputs, all_outputs
+def _double(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.double()
+    return value
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and bool(
-            torch.equal(a, b)
-            or (torch.isnan(a) == torch.isnan(b)).all()
-            and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
-        )
-    )
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
 
 
-def _close(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
-    if out.shape != ref.shape or out.dtype != ref.dtype:
-        return False, "shape or dtype differs"
+def close(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
+    """Within KernelBench's per-dtype tolerance (atol = rtol), and why not."""
     tol = common.tolerance(ref.dtype)
     a, b = out.double(), ref.double()
     ok = torch.isclose(a, b, rtol=tol, atol=tol)
@@ -73,118 +89,418 @@ def _close(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
     )
 
 
-class Judge:
-    def __init__(self, inputs: list[list[Any]], expected: list[Outputs]) -> None:
-        self.inputs = inputs
-        self.expected = expected
+def relative_error(out: torch.Tensor, exact: torch.Tensor) -> float:
+    scale = float(exact.double().norm()) or 1.0
+    return float((out.double() - exact.double()).norm()) / scale
+
+
+class Checks:
+    """Named checks; the first failure of each name (with its call) is kept."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
         self.failures: dict[str, str] = {}
 
-    def fail(self, name: str, index: int, detail: str) -> None:
-        self.failures.setdefault(name, f"input set {index + 1}: {detail}")
+    def fail(self, name: str, where: str, detail: str) -> None:
+        self.failures.setdefault(name, f"{where}: {detail}")
 
-    def judge_set(self, index: int, saved: dict[str, Any], late: dict[str, Any]) -> None:
-        outputs, expected = _as_list(saved["outputs"]), self.expected[index]
-        self._inputs_unchanged(index, saved["inputs"])
-        if len(outputs) != len(expected):
-            self.fail("output.shape", index, f"{len(outputs)} outputs, expected {len(expected)}")
-            return
-        tensors = [x for x in saved["inputs"] if isinstance(x, torch.Tensor)]
-        for number, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
-            if not isinstance(out, torch.Tensor):
-                self.fail("output.type", index, f"output {number} is {type(out).__name__}")
+    def as_list(self) -> list[dict[str, Any]]:
+        return [
+            common.check(name, name not in self.failures, self.failures.get(name, ""))
+            for name in self.names
+        ]
+
+
+_VERIFY_CHECKS = (
+    "output.inputs_unchanged",
+    "output.shape",
+    "output.dtype",
+    "output.finite",
+    "output.fresh",
+    "output.synchronous",
+    "output.values",
+    "precision.float64",
+)
+_TIMING_CHECKS = ("timing.outputs", "timing.call_count", "timing.inputs_unchanged")
+
+
+@contextlib.contextmanager
+def timing_lock(device: str) -> Iterator[None]:
+    """One timing at a time per device on this machine (not per HTAM home): a file lock
+    in the system's temporary folder, released when this process dies."""
+    folder = Path(tempfile.gettempdir()) / "htam-locks"
+    folder.mkdir(exist_ok=True)
+    with contextlib.suppress(OSError):
+        folder.chmod(0o1777)
+    path = folder / f"timing-{device}.lock"
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+class Side:
+    """One sandboxed worker, its box and this process's view of the box's buffers."""
+
+    def __init__(self, role: str, jobdir: Path, job: dict[str, Any], sizes: tuple[int, int]):
+        self.role = role
+        self.box = jobdir / role
+        self.inbuf = _buffer(self.box / "in.bin", sizes[0])
+        self.outbuf = _buffer(self.box / "out.bin", sizes[1])
+        argv = python_module("htam_engine.evaluate.worker", str(self.box), role)
+        memory = job["memory_mb"] if job["device"] == "cpu" else None
+        self.child = Child(
+            role,
+            sandbox.command(argv, self.box, job["device"]),
+            self.box,
+            sandbox.environment(self.box, job["threads"]),
+            self.box / "worker.log",
+            memory_mb=memory,
+        )
+        self.calls = 0
+
+
+def _buffer(path: Path, size: int) -> torch.Tensor:
+    """A fresh shared byte buffer at `path`, created before any worker can touch it."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    os.ftruncate(descriptor, max(size, 1))
+    os.close(descriptor)
+    return torch.from_file(str(path), shared=True, size=max(size, 1), dtype=torch.uint8)
+
+
+class Judge:
+    def __init__(self, jobdir: Path, job: dict[str, Any], token: str) -> None:
+        self.jobdir = jobdir
+        self.job = job
+        self.token = token
+        self.device = torch.device(job["device"])
+        self.reference = common.import_file("htam_reference", jobdir / "reference.py")
+        self.sides: dict[str, Side] = {}
+        self.verify = Checks(_VERIFY_CHECKS)
+        self.timing = Checks(_TIMING_CHECKS)
+
+    # the caller's channel -------------------------------------------------------------
+    def emit(self, **event: Any) -> None:
+        print(json.dumps({**event, "token": self.token}), flush=True)
+
+    def wait_caller(self, command: str) -> None:
+        if sys.stdin.readline().strip() != command:
+            raise SystemExit(0)
+
+    # set-up ---------------------------------------------------------------------------
+    def _model(self, init: list[Any]) -> torch.nn.Module:
+        torch.manual_seed(self.job["init_seed"])
+        model: torch.nn.Module = self.reference.Model(*init)
+        return model.to(self.device)
+
+    def _make_inputs(self, alt: bool = False) -> list[Any]:
+        torch.manual_seed(_rng.randrange(2**63))
+        make = self.reference.get_inputs_alt if alt else self.reference.get_inputs
+        return list(make())
+
+    def _run_model(self, model: torch.nn.Module, inputs: list[Any]) -> Outputs:
+        moved = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        with torch.no_grad():
+            return [o.detach().cpu() for o in _as_list(model(*moved))]
+
+    def prepare(self) -> None:
+        torch.set_num_threads(self.job["threads"])
+        torch.manual_seed(self.job["init_seed"])
+        init = list(self.reference.get_init_inputs())
+        model = self._model(init)
+        count = self.job["input_sets"]
+        has_alt = hasattr(self.reference, "get_inputs_alt")
+        self.sets = [self._make_inputs(has_alt and i == count - 1) for i in range(count)]
+        self.expected = [self._run_model(model, inputs) for inputs in self.sets]
+        self.exact = self._float64(model, self.sets)
+        self.out_items = [common.layout(out)[0] for out in self.expected]
+        sizes = (
+            max(common.layout(inputs)[1] for inputs in self.sets),
+            max(common.layout(out)[1] for out in self.expected),
+        )
+        for role in ROLES:
+            box = self.jobdir / role
+            torch.save(init, box / "init.pt")
+            self.sides[role] = Side(role, self.jobdir, self.job, sizes)
+
+    def _float64(self, model: torch.nn.Module, sets: list[list[Any]]) -> list[Outputs] | None:
+        """The reference in float64 (None when it cannot run so)."""
+        try:
+            exact = copy.deepcopy(model).double()
+            return [self._run_model(exact, [_double(x) for x in inputs]) for inputs in sets]
+        except Exception:  # a reference that only works in its own dtype
+            return None
+
+    def load(self) -> None:
+        for side in self.sides.values():
+            side.child.send(json.dumps({"cmd": "load", "threads": self.job["threads"]}))
+        for side in self.sides.values():
+            self._expect(side, "loaded", self.job["compile_s"], "compile")
+
+    # one call -------------------------------------------------------------------------
+    def _expect(self, side: Side, wanted: str, limit_s: float, phase: str) -> dict[str, Any]:
+        """The worker's next event, which must be `wanted`: an extra or forged line is a
+        failed call count, a worker error ends the evaluation."""
+
+        def unasked(event: dict[str, Any]) -> None:
+            what = str(event.get("event"))[:40]
+            self.timing.fail("timing.call_count", side.role, f"an unasked {what!r} report")
+
+        try:
+            event = side.child.wait_for(wanted, limit_s, phase, threading.Event(), unasked)
+        except Stop as stop:
+            if side.role == "reference" and stop.kind not in ("timeout", "cheating"):
+                message = f"the reference failed: {stop.message}"
+                raise Stop("runtime_error", message, stop.log) from None
+            raise
+        return event
+
+    def call(
+        self, side: Side, inputs: list[Any], out_items: list[dict], limit_s: float
+    ) -> tuple[float, str]:
+        """Run one call on `side`: milliseconds by this process's clock, and '' or why the
+        outputs do not have the expected layout. The side is left stopped, its outputs in
+        its `out.bin`."""
+        items, _ = common.layout(inputs)
+        for item, value in zip(items, inputs, strict=True):
+            if isinstance(value, torch.Tensor):
+                common.tensor_view(side.inbuf, item).copy_(value)
+        command = {
+            "cmd": "call",
+            "k": side.calls,
+            "inputs": items,
+            "in_size": side.inbuf.numel(),
+            "out": out_items,
+            "out_size": side.outbuf.numel(),
+        }
+        thaw(side.child)
+        side.child.send(json.dumps(command))
+        self._expect(side, "ready", limit_s, "call")
+        start = time.perf_counter()
+        side.child.send("go")
+        done = self._expect(side, "done", limit_s, "call")
+        freeze(side.child)
+        if done.get("k") != side.calls:
+            self.timing.fail("timing.call_count", side.role, f"answered {done.get('k')!r}")
+        side.calls += 1
+        mismatch = str(done.get("mismatch") or "")
+        if mismatch and side.role == "reference":
+            raise Stop("runtime_error", f"the reference returned {mismatch}"[:600])
+        return (float(done["_t"]) - start) * 1e3, mismatch
+
+    def outputs(self, side: Side, out_items: list[dict]) -> Outputs:
+        return [common.tensor_view(side.outbuf, item).clone() for item in out_items]
+
+    def inputs_after(self, side: Side, inputs: list[Any]) -> list[Any]:
+        items, _ = common.layout(inputs)
+        return [
+            common.tensor_view(side.inbuf, item).clone() if "offset" in item else value
+            for item, value in zip(items, inputs, strict=True)
+        ]
+
+    # verification ---------------------------------------------------------------------
+    def verify_all(self) -> None:
+        side = self.sides["candidate"]
+        for index, inputs in enumerate(self.sets):
+            _, mismatch = self.call(side, inputs, self.out_items[index], self.job["verify_s"])
+            if mismatch:
+                self.verify.fail("output.shape", f"input set {index + 1}", mismatch)
                 continue
-            self._compare(index, out, ref, tensors)
-            late_out = _as_list(late["outputs"])[number]
-            if not _close(out, ref)[0] and _close(late_out, ref)[0]:
-                self.fail(
-                    "output.synchronous",
-                    index,
-                    "the result was completed after forward "
-                    "returned (work on a side stream or thread)",
-                )
+            got = self.outputs(side, self.out_items[index])
+            self._judge_set(index, got, self.inputs_after(side, inputs))
+            thaw(side.child)
+            time.sleep(LATE_CHECK_S)
+            side.child.send(json.dumps({"cmd": "late", "out": self.out_items[index],
+                                        "out_size": side.outbuf.numel()}))  # fmt: skip
+            self._expect(side, "late", self.job["verify_s"], "verify")
+            freeze(side.child)
+            self._late(index, got, self.outputs(side, self.out_items[index]))
 
-    def _inputs_unchanged(self, index: int, after: list[Any]) -> None:
-        for number, (before, now) in enumerate(zip(self.inputs[index], after, strict=False)):
-            if isinstance(before, torch.Tensor) and not _same(before, now.cpu()):
-                self.fail("output.inputs_unchanged", index, f"input {number} was modified")
+    def _judge_set(self, index: int, got: Outputs, after: list[Any]) -> None:
+        where = f"input set {index + 1}"
+        for number, (before, now) in enumerate(zip(self.sets[index], after, strict=True)):
+            if isinstance(before, torch.Tensor) and not _same(before, now):
+                self.verify.fail("output.inputs_unchanged", where, f"input {number} was modified")
+        for number, (out, ref) in enumerate(zip(got, self.expected[index], strict=True)):
+            if out.is_floating_point() and not bool(torch.isfinite(out).all()):
+                bad = int((~torch.isfinite(out)).sum())
+                self.verify.fail("output.finite", where, f"output {number}: {bad} NaN/Inf values")
+                continue
+            ok, detail = close(out, ref)
+            if not ok:
+                self._wrong(index, out, detail)
+            elif self.exact is not None and ref.dtype == torch.float32:
+                self._precision(index, out, ref, self.exact[index][number])
 
-    def _compare(self, index: int, out: torch.Tensor, ref: torch.Tensor, inputs: Outputs) -> None:
-        if out.shape != ref.shape:
-            self.fail(
-                "output.shape", index, f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
-            )
-            return
-        if out.dtype != ref.dtype:
-            self.fail("output.dtype", index, f"dtype {out.dtype}, expected {ref.dtype}")
-            return
-        pointer = out.untyped_storage().data_ptr()
-        if any(x.untyped_storage().data_ptr() == pointer for x in inputs):
-            self.fail("output.aliasing", index, "the output shares memory with an input")
-        if out.is_floating_point() and not bool(torch.isfinite(out).all()):
-            bad = int((~torch.isfinite(out)).sum())
-            self.fail(
-                "output.finite",
-                index,
-                f"{bad} NaN/Inf values (fresh allocations are "
-                "NaN-filled: stale or unwritten memory?)",
-            )
-            return
-        ok, detail = _close(out, ref)
-        if ok:
-            return
+    def _wrong(self, index: int, out: torch.Tensor, detail: str) -> None:
+        where = f"input set {index + 1}"
         stale = [
             j
             for j, other in enumerate(self.expected)
-            if j != index and other[0].shape == out.shape and _close(out, other[0])[0]
+            if j != index and other[0].shape == out.shape and close(out, other[0])[0]
         ]
         if stale:
-            self.fail(
-                "output.fresh",
-                index,
-                f"returned the answer for input set {stale[0] + 1} (outputs cached across calls)",
+            self.verify.fail(
+                "output.fresh", where, f"returned the answer for input set {stale[0] + 1}"
             )
-        self.fail("output.values", index, detail)
+        self.verify.fail("output.values", where, detail)
 
-    def checks(self) -> list[dict[str, Any]]:
-        names = (
-            "inputs_unchanged",
-            "type",
-            "shape",
-            "dtype",
-            "aliasing",
-            "finite",
-            "fresh",
-            "synchronous",
-            "values",
-        )
-        return [
-            common.check(
-                f"output.{n}",
-                f"output.{n}" not in self.failures,
-                self.failures.get(f"output.{n}", ""),
+    def _precision(
+        self, index: int, out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor
+    ) -> None:
+        """float32 work must be about as exact as the float32 reference: an answer within
+        tolerance but with half-precision error was computed at half precision."""
+        error, ref_error = relative_error(out, exact), relative_error(ref, exact)
+        if error > max(PRECISION_FLOOR, PRECISION_FACTOR * ref_error):
+            self.verify.fail(
+                "precision.float64",
+                f"input set {index + 1}",
+                f"relative error {error:.2e} against a float64 reference, the float32 "
+                f"reference's is {ref_error:.2e} (half-precision arithmetic?)",
             )
-            for n in names
-        ]
+
+    def _late(self, index: int, got: Outputs, late: Outputs) -> None:
+        for out, again, ref in zip(got, late, self.expected[index], strict=True):
+            if not close(out, ref)[0] and close(again, ref)[0]:
+                self.verify.fail(
+                    "output.synchronous",
+                    f"input set {index + 1}",
+                    "the result was completed after forward returned (side stream or thread)",
+                )
+
+    def report(self) -> list[dict[str, Any]]:
+        side = self.sides["candidate"]
+        thaw(side.child)
+        side.child.send(json.dumps({"cmd": "report"}))
+        checks: list[dict[str, Any]] = self._expect(side, "report", 30, "report")["checks"]
+        freeze(side.child)
+        return checks
+
+    # timing ---------------------------------------------------------------------------
+    def time_all(self) -> dict[str, list[float]]:
+        samples: dict[str, list[float]] = {role: [] for role in ROLES}
+        budget = time.monotonic() + self.job["time_s"] * 0.8
+        limit = self.job["time_s"]
+        items = self.out_items[0]
+        for k in range(WARMUP + self.job["max_trials"]):
+            final = self._enough(samples, k, budget)
+            inputs = self._make_inputs()
+            judged = final or _rng.random() < JUDGED_SHARE
+            order = ROLES if k % 2 == 0 else ROLES[::-1]
+            got: dict[str, Outputs] = {}
+            for role in order:
+                elapsed, mismatch = self.call(self.sides[role], inputs, items, limit)
+                if mismatch:
+                    self.timing.fail("timing.outputs", f"timed call {k + 1}", mismatch)
+                    judged = False
+                if k >= WARMUP:
+                    samples[role].append(elapsed)
+                if judged:
+                    got[role] = self.outputs(self.sides[role], items)
+            if judged:
+                self._judge_timed(k, inputs, got)
+            limit = max(
+                CALL_LIMIT_FLOOR_S,
+                CALL_LIMIT_FACTOR * statistics.median(samples["reference"] or [limit]) / 1e3,
+            )
+            if final:
+                break
+        return samples
+
+    def _enough(self, samples: dict[str, list[float]], k: int, budget: float) -> bool:
+        """Whether call `k` is the last: both sides' means are known to 1 %, or the trial
+        cap or the time budget is reached."""
+        counts = [len(values) for values in samples.values()]
+        if k + 1 >= WARMUP + self.job["max_trials"] or time.monotonic() > budget:
+            return True
+        if min(counts) < MIN_TRIALS:
+            return False
+        return all(
+            statistics.stdev(v) / len(v) ** 0.5 < 0.01 * statistics.median(v)
+            for v in samples.values()
+        )
+
+    def _judge_timed(self, k: int, inputs: list[Any], got: dict[str, Outputs]) -> None:
+        where = f"timed call {k + 1}"
+        after = self.inputs_after(self.sides["candidate"], inputs)
+        if any(
+            isinstance(a, torch.Tensor) and not _same(a, b)
+            for a, b in zip(inputs, after, strict=True)
+        ):
+            self.timing.fail("timing.inputs_unchanged", where, "an input was modified")
+        for out, ref in zip(got["candidate"], got["reference"], strict=True):
+            ok, detail = close(out, ref)
+            if not ok:
+                self.timing.fail(
+                    "timing.outputs", where, f"a timed output is wrong ({detail})"[:400]
+                )
+
+    # the whole evaluation -------------------------------------------------------------
+    def run(self) -> None:
+        self.prepare()
+        self.load()
+        self.emit(event="compiled", sandbox=sandbox.sandbox_mode())
+        self.wait_caller("verify")
+        self.verify_all()
+        runtime = self.report()
+        count = [c for c in self.timing.as_list() if c["name"] == "timing.call_count"]
+        checks = self.verify.as_list() + runtime + count
+        self.emit(event="verified", checks=checks, sets=len(self.sets))
+        self.wait_caller("time")
+        with timing_lock(self.device.type):
+            samples = self.time_all()
+        for side in self.sides.values():
+            self._leftovers(side)
+        checks = self.timing.as_list() + self.report()
+        self.emit(
+            event="timed",
+            ref=samples["reference"],
+            cand=samples["candidate"],
+            checks=checks,
+            threads=self.job["threads"],
+        )
+
+    def _leftovers(self, side: Side) -> None:
+        """A line the worker wrote that no call asked for is a forged report."""
+        extra = side.child.pending()
+        if extra:
+            self.timing.fail("timing.call_count", side.role, f"{len(extra)} unasked reports")
+
+    def close(self) -> None:
+        """Kill both workers and anything left below this process (daemons that left
+        their worker come back to it: it is their subreaper)."""
+        for side in self.sides.values():
+            side.child.kill()
+        signal_all(descendants(os.getpid()), signal.SIGKILL)
+
+
+def _die_cleanly(jobdir: Path, judge: Judge | None) -> None:
+    if judge is not None:
+        judge.close()
+    shutil.rmtree(jobdir, ignore_errors=True)
+    os._exit(1)
 
 
 def main(jobdir: Path) -> None:
+    token = sys.stdin.readline().strip()
+    libc = ctypes.CDLL(None)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)  # orphans of the workers come back to us
+    judge: Judge | None = None
+    signal.signal(signal.SIGTERM, lambda *_: _die_cleanly(jobdir, judge))
     job = json.loads((jobdir / "job.json").read_text())
-    inputs, expected = _prepare(jobdir, job)
-    print(json.dumps({"event": "prepared"}), flush=True)
-    if sys.stdin.readline().strip() != "judge":
-        return
-    judge = Judge(inputs, expected)
-    for index in range(len(inputs)):
-        try:
-            saved = torch.load(jobdir / f"cand_{index}.pt", map_location="cpu", weights_only=True)
-            late = torch.load(jobdir / f"late_{index}.pt", map_location="cpu", weights_only=True)
-        except Exception as error:  # a forged or subclassed file is a failed check, not a crash
-            judge.fail("output.type", index, f"unreadable output file: {error}"[:300])
-            continue
-        judge.judge_set(index, saved, late)
-    print(
-        json.dumps({"event": "judged", "checks": judge.checks(), "sets": len(inputs)}), flush=True
-    )
+    try:
+        judge = Judge(jobdir, job, token)
+        judge.run()
+    except SystemExit:
+        pass
+    except Stop as stop:
+        event = {"kind": stop.kind, "message": stop.message, "log": stop.log, "line": stop.line}
+        print(json.dumps({"event": "error", **event, "token": token}), flush=True)
+    finally:
+        if judge is not None:
+            judge.close()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
-"""A child process in its own process group that speaks JSON lines on stdout."""
+"""A child process in its own process group that speaks JSON lines on stdout.
+
+Each line read is stamped with the reader's own clock (`_t`), so a child cannot say when
+it answered. A child started with a `token` gets it as its first stdin line and only its
+lines carrying it count: another process writing into the pipe cannot forge them.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import queue
@@ -31,45 +37,74 @@ class Stop(Exception):
         self.line = line
 
 
-def _memory_cap(megabytes: int) -> Callable[[], None]:
+_PR_SET_PDEATHSIG = 1
+
+
+def _preexec(memory_mb: int | None, death_signal: int) -> Callable[[], None]:
+    """In the child before exec: the address-space cap, and a signal when its parent dies
+    (so killing the caller, even with SIGKILL, takes the child down)."""
+
     def apply() -> None:
-        size = megabytes << 20
-        resource.setrlimit(resource.RLIMIT_AS, (size, size))
+        if memory_mb:
+            size = memory_mb << 20
+            resource.setrlimit(resource.RLIMIT_AS, (size, size))
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, death_signal)
 
     return apply
 
 
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
 class Child:
     def __init__(
-        self, module: str, jobdir: Path, env: dict[str, str], log: Path, memory_mb: int | None
+        self,
+        name: str,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        log: Path,
+        *,
+        memory_mb: int | None = None,
+        token: str | None = None,
+        death_signal: int = signal.SIGKILL,
     ) -> None:
-        self.name = module.rsplit(".", 1)[-1]
+        self.name = name
         self.log = log
+        self.token = token
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         with log.open("ab") as stderr:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", module, str(jobdir)],
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 env=env,
-                cwd=jobdir,
+                cwd=cwd,
                 start_new_session=True,
                 text=True,
-                preexec_fn=_memory_cap(memory_mb) if memory_mb else None,
+                preexec_fn=_preexec(memory_mb, death_signal),
             )
+        if token is not None:
+            self.send(token)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         assert self.popen.stdout is not None
         for line in self.popen.stdout:
+            stamp = time.perf_counter()
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(event, dict):
-                self.events.put(event)
-        self.events.put({"event": EOF_EVENT})
+            if not isinstance(event, dict):
+                continue
+            if self.token is not None and event.pop("token", None) != self.token:
+                continue
+            event["_t"] = stamp
+            self.events.put(event)
+        self.events.put({"event": EOF_EVENT, "_t": time.perf_counter()})
 
     def send(self, command: str) -> None:
         assert self.popen.stdin is not None
@@ -80,13 +115,27 @@ class Child:
             pass  # it died; the next wait reports how
 
     def kill(self) -> None:
-        """Kill the whole group (compilers the child started included)."""
+        """Kill the whole group and every descendant (compilers, forks that left the
+        group), then reap the child."""
+        pids = descendants(self.popen.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, signal.SIGKILL)
+        signal_all(pids, signal.SIGKILL)
         self.popen.wait()
 
-    def wait_for(self, wanted: str, limit_s: float, phase: str, cancel: threading.Event) -> dict:
-        """The next `wanted` event; raises Stop on an error event, death, timeout or cancel."""
+    def members(self) -> list[int]:
+        return [self.popen.pid, *descendants(self.popen.pid)]
+
+    def wait_for(
+        self,
+        wanted: str,
+        limit_s: float,
+        phase: str,
+        cancel: threading.Event,
+        on_other: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict:
+        """The next `wanted` event; raises Stop on an error event, death, timeout or cancel.
+        Other events go to `on_other` (dropped without it)."""
         deadline = time.monotonic() + limit_s
         while True:
             if cancel.is_set():
@@ -100,14 +149,32 @@ class Child:
             if event.get("event") == wanted:
                 return event
             if event.get("event") == "error":
-                raise Stop(event["kind"], event["message"], event.get("log", ""), event.get("line"))
+                raise Stop(
+                    str(event.get("kind")),
+                    str(event.get("message")),
+                    str(event.get("log") or ""),
+                    event.get("line") if isinstance(event.get("line"), int) else None,
+                )
             if event.get("event") == EOF_EVENT:
                 raise self._death(phase)
+            if on_other is not None:
+                on_other(event)
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Events read but never asked for."""
+        found = []
+        while not self.events.empty():
+            event = self.events.get_nowait()
+            if event.get("event") != EOF_EVENT:
+                found.append(event)
+        return found
 
     def _death(self, phase: str) -> Stop:
         code = self.popen.wait()
+        if code > 128 and code - 128 in signal.valid_signals():
+            code = 128 - code  # a sandbox reports its child's signal as 128 + signal
         tail = self.log.read_text(errors="replace")[-1500:] if self.log.exists() else ""
-        if self.name == "judge":
+        if self.name in ("judge", "reference"):
             last = tail.strip().splitlines()[-1:] or ["no output"]
             return Stop("runtime_error", f"the reference failed during {phase}: {last[0]}", tail)
         if code < 0:
@@ -118,3 +185,63 @@ class Child:
         if "MemoryError" in tail or "out of memory" in tail:
             return Stop("oom", f"the {self.name} ran out of memory during {phase}", tail)
         return Stop("crash", f"the {self.name} exited with code {code} during {phase}", tail)
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (a daemon that left its session included, as long
+    as it was not reparented outside the tree)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("T", "t", "Z", "X")
+
+
+def freeze(child: Child) -> None:
+    """Stop every process of `child` (repeated until no new one appears and all are
+    stopped), so nothing it started runs while the other side is timed or its output
+    is read."""
+    stopped: set[int] = set()
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        members = child.members()
+        new = [pid for pid in members if pid not in stopped]
+        signal_all(new, signal.SIGSTOP)
+        stopped.update(new)
+        if not new and not any(_running(pid) for pid in members):
+            return
+
+
+def thaw(child: Child) -> None:
+    signal_all(child.members(), signal.SIGCONT)

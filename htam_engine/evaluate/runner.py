@@ -1,9 +1,11 @@
 """`evaluate()`: one candidate, one verdict, decided outside the candidate's process.
 
-Per evaluation a judge process (reference, inputs, comparison) and a worker process
-(the only one that imports the candidate) start side by side, each in its own process
-group; this process imports neither torch nor the candidate. Timing is serialized per
-device with a file lock under the HTAM home; compiles run in parallel.
+Per evaluation this process (which imports neither torch nor the candidate) runs the
+static checks, then starts a judge (trusted: it makes the inputs, computes the expected
+outputs, times every call by its own clock and judges every output) that drives two
+sandboxed workers, one for the reference and one for the candidate (see `judge`,
+`worker`, `sandbox`). Only the judge's lines carrying this evaluation's token count.
+The job folder is locked while it lives; folders of dead evaluations are removed.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
+import signal
 import statistics
 import tempfile
 import threading
@@ -24,7 +28,8 @@ from pathlib import Path
 from htam_engine.cli import UserError
 from htam_engine.evaluate import cache, excerpt
 from htam_engine.evaluate.nvcc import cuda_source, nvcc_check
-from htam_engine.evaluate.process import Child, Stop
+from htam_engine.evaluate.process import Child, Stop, python_module
+from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.evaluate.static import static_checks
 from htam_engine.evaluate.verdict import SUSPECT_SPEEDUP, Check, EvalError, Limits, Verdict
 from htam_engine.paths import subdir
@@ -34,6 +39,8 @@ DEVICES = ("auto", "cuda", "cpu")
 MAX_TRIALS = 100
 _UNCACHED = ("cancelled", "timeout")
 _INCORRECT = frozenset({"output.shape", "output.dtype", "output.finite", "output.values"})
+_NOT_CUSTOM = frozenset({"runtime.torch_ops", "runtime.library", "static.torch_compute"})
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
 def gpu_available() -> bool:
@@ -69,8 +76,9 @@ def evaluate(
     """Compile, verify and time `candidate_source` against `task`'s reference."""
     limits = limits or Limits()
     resolved = resolve_device(device, task)
-    key = cache.key(task, candidate_source, resolved, limits)
-    if use_cache and (hit := cache.get(key)) is not None:
+    mode = sandbox_mode()
+    key = cache.key(task, candidate_source, resolved, limits, sandbox=mode)
+    if use_cache and (hit := cache.get(key, sandbox=mode)) is not None:
         return hit
     verdict = _evaluate(
         task,
@@ -81,7 +89,7 @@ def evaluate(
         on_phase or (lambda _phase: None),
     )
     if use_cache and (verdict.error is None or verdict.error.kind not in _UNCACHED):
-        cache.put(key, verdict)
+        cache.put(key, verdict, sandbox=verdict.sandbox)
     return verdict
 
 
@@ -93,17 +101,32 @@ def _evaluate(
     cancel: threading.Event,
     on_phase: Callable[[str], None],
 ) -> Verdict:
-    verdict = Verdict(device=device)
+    verdict = Verdict(device=device, sandbox=sandbox_mode())
     verdict.checks = static_checks(source, task.kind, task.reference_source)
     failed = [check for check in verdict.checks if not check.passed]
     if failed:
-        _fail(verdict, "cheating", failed, source)
+        kinds = {_kind(check.name) for check in failed}
+        _fail(verdict, "cheating" if "cheating" in kinds else kinds.pop(), failed, source)
         return verdict
-    if device == "cuda" and not gpu_available():
+    return run_candidate(task, source, verdict, limits, cancel, on_phase)
+
+
+def run_candidate(
+    task: Task,
+    source: str,
+    verdict: Verdict,
+    limits: Limits,
+    cancel: threading.Event,
+    on_phase: Callable[[str], None],
+) -> Verdict:
+    """Everything after the static checks: compile, verify and time in the sandbox. The
+    trusted side must hold on its own when a candidate evades the static checks, so
+    tests call this directly."""
+    if verdict.device == "cuda" and not gpu_available():
         return _compile_only(task, source, verdict, limits)
     on_phase("compile")
     with _job_dir() as jobdir:
-        _write_job(jobdir, task, source, device, limits)
+        _write_job(jobdir, task, source, verdict.device, limits)
         _run(jobdir, task, source, verdict, limits, cancel, on_phase)
     return verdict
 
@@ -134,39 +157,88 @@ def _compile_only(task: Task, source: str, verdict: Verdict, limits: Limits) -> 
     return verdict
 
 
+def _stale(folder: Path) -> bool:
+    """A job folder whose evaluation is gone (its owner's lock is free)."""
+    try:
+        descriptor = os.open(folder / ".owner", os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return time.time() - folder.stat().st_mtime > 60  # not yet (or never) locked
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(descriptor)
+
+
+def clean_stale_jobs() -> int:
+    """Remove the job folders of evaluations that died; the number removed."""
+    removed = 0
+    for folder in subdir("jobs").iterdir():
+        with contextlib.suppress(OSError):
+            if folder.is_dir() and _stale(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed += 1
+    return removed
+
+
 @contextlib.contextmanager
 def _job_dir() -> Iterator[Path]:
+    clean_stale_jobs()
     jobdir = Path(tempfile.mkdtemp(prefix="eval-", dir=subdir("jobs")))
+    owner = os.open(jobdir / ".owner", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(owner, fcntl.LOCK_EX)  # held while this evaluation lives
     try:
         yield jobdir
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)
+        os.close(owner)
 
 
 def _write_job(jobdir: Path, task: Task, source: str, device: str, limits: Limits) -> None:
-    (jobdir / "candidate").mkdir()
-    (jobdir / "reference.py").write_text(task.reference_source)
+    """The judge's job (outside any box) and each worker's box: the candidate's holds
+    its file, the reference's the reference; neither holds seeds or inputs."""
     name = display_name(task)
-    (jobdir / "candidate" / name).write_text(source)
-    seeds = secrets.SystemRandom().sample(range(2**31), limits.input_sets)  # distinct
-    job = {
+    worker_job = {
         "name": task.name,
         "kind": task.kind,
         "entry": task.entry,
         "device": device,
-        "candidate_file": f"candidate/{name}",
-        "seeds": seeds,
-        "input_sets": len(seeds),
         "init_seed": secrets.randbelow(2**31),
+    }
+    for role in ("reference", "candidate"):
+        box = jobdir / role
+        for folder in ("tmp", "build", "cache", "torch_extensions"):
+            (box / folder).mkdir(parents=True)
+    (jobdir / "candidate" / "candidate").mkdir()
+    (jobdir / "candidate" / "candidate" / name).write_text(source)
+    (jobdir / "reference" / "reference.py").write_text(task.reference_source)
+    (jobdir / "reference.py").write_text(task.reference_source)
+    (jobdir / "reference" / "job.json").write_text(json.dumps(worker_job))
+    candidate_job = {**worker_job, "candidate_file": f"candidate/{name}"}
+    (jobdir / "candidate" / "job.json").write_text(json.dumps(candidate_job))
+    job = {
+        **worker_job,
+        "input_sets": limits.input_sets,
         "max_trials": MAX_TRIALS,
+        "compile_s": limits.compile_s,
+        "verify_s": limits.verify_s,
+        "time_s": limits.time_s,
+        "memory_mb": limits.memory_mb,
+        "threads": timing_threads(),
     }
     (jobdir / "job.json").write_text(json.dumps(job))
 
 
-def _env(jobdir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["HTAM_BUILD_DIR"] = str(jobdir / "build")
-    env["TORCH_EXTENSIONS_DIR"] = str(jobdir / "torch_extensions")
+def timing_threads() -> int:
+    """The thread count both sides run with: the cores this process may use."""
+    return len(os.sched_getaffinity(0))
+
+
+def _judge_env() -> dict[str, str]:
+    """The judge is trusted but needs no secrets either."""
+    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
@@ -180,17 +252,20 @@ def _run(
     cancel: threading.Event,
     on_phase: Callable[[str], None],
 ) -> None:
-    memory = limits.memory_mb if verdict.device == "cpu" else None
-    judge = Child("htam_engine.evaluate.judge", jobdir, _env(jobdir), jobdir / "judge.log", None)
-    worker = Child(
-        "htam_engine.evaluate.worker", jobdir, _env(jobdir), jobdir / "candidate.log", memory
+    judge = Child(
+        "judge",
+        python_module("htam_engine.evaluate.judge", str(jobdir)),
+        jobdir,
+        _judge_env(),
+        jobdir / "judge.log",
+        token=secrets.token_hex(16),
+        death_signal=signal.SIGTERM,  # it cleans up the job folder when the caller dies
     )
     try:
-        _phases(judge, worker, verdict, limits, cancel, on_phase)
+        _phases(judge, verdict, limits, cancel, on_phase)
     except Stop as stop:
         _error(verdict, stop, source)
     finally:
-        worker.kill()
         judge.kill()
 
 
@@ -198,61 +273,61 @@ def _timed(verdict: Verdict, phase: str, start: float) -> None:
     verdict.phase_seconds[phase] = round(time.monotonic() - start, 3)
 
 
+def _merge(verdict: Verdict, checks: list[dict]) -> list[Check]:
+    """Add `checks` to the verdict's, by name (a failure is never replaced); the new
+    failures."""
+    new = [Check(**check) for check in checks]
+    by_name = {check.name: check for check in verdict.checks}
+    for check in new:
+        if check.name not in by_name or by_name[check.name].passed:
+            by_name[check.name] = check
+    verdict.checks = list(by_name.values())
+    return [check for check in new if not check.passed]
+
+
+def _raise_failed(failed: list[Check]) -> None:
+    if not failed:
+        return
+    kinds = [_kind(check.name) for check in failed]
+    kind = next((k for k in ("cheating", "not_custom_kernel") if k in kinds), "incorrect")
+    chosen = [c for c, k in zip(failed, kinds, strict=True) if k == kind]
+    raise Stop(kind, "; ".join(f"{c.name}: {c.detail}" for c in chosen)[:600])
+
+
+def _kind(name: str) -> str:
+    if name in _NOT_CUSTOM:
+        return "not_custom_kernel"
+    return "incorrect" if name in _INCORRECT else "cheating"
+
+
 def _phases(
     judge: Child,
-    worker: Child,
     verdict: Verdict,
     limits: Limits,
     cancel: threading.Event,
     on_phase: Callable[[str], None],
 ) -> None:
     start = time.monotonic()
-    worker.wait_for("compiled", limits.compile_s, "compile", cancel)
+    compiled = judge.wait_for("compiled", limits.compile_s + limits.verify_s, "compile", cancel)
     verdict.compiled = True
+    verdict.sandbox = str(compiled.get("sandbox"))
     _timed(verdict, "compile", start)
     on_phase("verify")
     start = time.monotonic()
-    judge.wait_for("prepared", limits.verify_s + limits.compile_s, "verify (reference)", cancel)
-    worker.send("verify")
-    verified = worker.wait_for("verified", limits.verify_s, "verify", cancel)
-    judge.send("judge")
-    judged = judge.wait_for("judged", limits.verify_s, "verify (judge)", cancel)
+    judge.send("verify")
+    verified = judge.wait_for("verified", limits.verify_s, "verify", cancel)
     _timed(verdict, "verify", start)
-    checks = [Check(**c) for c in verified["checks"] + judged["checks"]]
-    verdict.checks += checks
-    verdict.inputs_checked = int(judged["sets"])
-    failed = [check for check in checks if not check.passed]
-    if failed:
-        cheats = [check for check in failed if check.name not in _INCORRECT]
-        raise Stop(
-            "cheating" if cheats else "incorrect",
-            "; ".join(f"{c.name}: {c.detail}" for c in (cheats or failed))[:600],
-        )
+    verdict.inputs_checked = int(verified["sets"])
+    _raise_failed(_merge(verdict, verified["checks"]))
     verdict.correct = True
     on_phase("time")
-    with _timing_lock(verdict.device, cancel):
-        start = time.monotonic()
-        worker.send("time")
-        timed = worker.wait_for("timed", limits.time_s, "time", cancel)
-        _timed(verdict, "time", start)
+    start = time.monotonic()
+    judge.send("time")
+    timed = judge.wait_for("timed", limits.time_s + limits.compile_s, "time", cancel)
+    _timed(verdict, "time", start)
+    verdict.threads = int(timed["threads"])
+    _raise_failed(_merge(verdict, timed["checks"]))
     _record_timing(verdict, timed["ref"], timed["cand"])
-
-
-@contextlib.contextmanager
-def _timing_lock(device: str, cancel: threading.Event) -> Iterator[None]:
-    """One timing at a time per device on this machine, across processes."""
-    with (subdir("locks") / f"timing-{device}.lock").open("w") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if cancel.wait(0.05):
-                    raise Stop("cancelled", "cancelled while waiting to time") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _cv(samples: list[float]) -> float:

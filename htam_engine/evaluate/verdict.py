@@ -15,6 +15,7 @@ ERROR_KINDS = (
     "oom",
     "cuda_error",
     "cheating",
+    "not_custom_kernel",
     "cancelled",
     "no_gpu",
 )
@@ -69,6 +70,8 @@ class Verdict:
     suspect: bool = False
     inputs_checked: int = 0
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    sandbox: str = "none"  # "bwrap" or "none": how the candidate was isolated
+    threads: int = 0  # the CPU thread count both reference and candidate were timed with
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

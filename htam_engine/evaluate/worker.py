@@ -1,41 +1,37 @@
-"""The candidate worker: `python -m htam_engine.evaluate.worker JOBDIR`.
+"""The harness in a sandboxed worker: `python -m htam_engine.evaluate.worker BOX ROLE`.
 
-It is the only process that imports the candidate. It compiles (imports) it, waits for
-`verify` on stdin, runs it on the judge's inputs and saves what it returned, then waits
-for `time` and times reference and candidate on the same inputs. It decides nothing:
-the judge compares, the caller decides. Timers and the functions whose replacement
-would forge a number are captured before the candidate is imported.
+ROLE is `candidate` (imports the candidate and nothing of the reference) or `reference`
+(imports only the reference): both sides run this same code, so they are called the same
+way. The judge drives it one call at a time over stdin: it writes that call's inputs into
+`in.bin` in the box just before the call, and the harness copies the outputs into
+`out.bin` before it answers `done`. Every call, verified or timed, goes through the same
+path with the same settings and instruments; the harness decides nothing, and the judge
+believes none of its words, only its own clock and what it reads from `out.bin`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import threading
-import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.autograd.profiler import profile
 
+from htam_engine import kernels
 from htam_engine.evaluate import common
 from htam_engine.evaluate.static import LAYOUT_OPS
 
-_PERF = time.perf_counter
-_SLEEP = time.sleep
-_SAVE = torch.save
-_LOAD = torch.load
-_CUDA_EVENT = torch.cuda.Event
-_CUDA_SYNC = torch.cuda.synchronize
 _GUARDED = common.guarded_attributes()
+_WATCH = threading.Event()  # set while the model runs
 _FRAME_EVENTS: list[str] = []
-LATE_CHECK_S = 0.1  # how long after forward returns the output is saved again
-_WATCH_FRAMES = threading.Event()
+_LIBRARY_CALLS: list[str] = []
+_LIBRARY_DIRS = ("/numpy/", "/scipy/", "/numba/", "/jax/", "/cupy/")
+_CONVERSIONS = frozenset({"numpy", "from_numpy", "__array__", "asarray", "array"})
 
 # aten ops that only allocate, view or copy: anything else in forward is torch compute.
 _LAYOUT_OPS = LAYOUT_OPS | {
@@ -52,14 +48,17 @@ _LAYOUT_OPS = LAYOUT_OPS | {
     "set_",
     "split",
     "unbind",
+    "empty_like",
+    "is_nonzero",
+    "item",
+    "_local_scalar_dense",
 }
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
-    """Note frame lookups during forward that hand out this harness's frames or the
-    candidate's own (a way to walk up into the harness); torch's internal lookups of its
-    own frames are not noted."""
-    if not _WATCH_FRAMES.is_set():
+    """Frame lookups during a call that hand out this harness's frames or the candidate's
+    own (a way to walk up into the harness); torch's lookups of its own are not noted."""
+    if not _WATCH.is_set():
         return
     if event == "sys._current_frames":
         _FRAME_EVENTS.append(event)
@@ -69,44 +68,53 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
             _FRAME_EVENTS.append(f"{event} -> {Path(filename).name}")
 
 
-class _OpRecorder(TorchDispatchMode):
-    """Records the aten ops a forward dispatches."""
+def _library_probe(frame: Any, event: str, arg: Any) -> None:
+    """Note numpy/scipy (or tensor <-> ndarray conversion) used while the model runs:
+    another library doing the work is invisible to the aten op recorder."""
+    if event == "call" and any(d in frame.f_code.co_filename for d in _LIBRARY_DIRS):
+        _LIBRARY_CALLS.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}")
+    elif event == "c_call":
+        module = getattr(arg, "__module__", None) or ""
+        name = getattr(arg, "__name__", "")
+        if module.split(".")[0] in ("numpy", "scipy") or name in _CONVERSIONS:
+            _LIBRARY_CALLS.append(f"{module or 'torch'}.{name}")
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: set[str] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.ops.add(func._schema.name.split("::")[-1])
-        return func(*args, **(kwargs or {}))
+def _ops(prof: profile) -> set[str]:
+    return {event.name.split("::")[-1] for event in prof.function_events}
 
 
-class Worker:
-    def __init__(self, jobdir: Path, events: Any) -> None:
-        self.jobdir = jobdir
+class Harness:
+    def __init__(self, box: Path, role: str, events: Any) -> None:
+        self.box = box
+        self.role = role
         self.events = events
-        self.job = json.loads((jobdir / "job.json").read_text())
+        self.job = json.loads((box / "job.json").read_text())
         self.device = torch.device(self.job["device"])
-        self.candidate_path = jobdir / self.job["candidate_file"]
-        self.threads_before = {t.ident for t in threading.enumerate()}
+        self.candidate_path = box / self.job.get("candidate_file", "reference.py")
+        self.threads_before: set[int | None] = set()
         self.model: Any = None
-        self.reference: Any = None
+        self.ops: set[str] = set()
+        self.types: set[str] = set()
+        self.aliased = False
+        self.last: list[torch.Tensor] = []
+        self.maps: dict[str, torch.Tensor] = {}
+        self.flush = common.l2_flush_buffer(self.device)
 
     def emit(self, **event: Any) -> None:
         self.events.write(json.dumps(event) + "\n")
         self.events.flush()
 
-    def wait_for(self, command: str) -> None:
-        line = sys.stdin.readline().strip()
-        if line != command:
-            raise SystemExit(0)  # the caller is done with us
-
-    def compile(self) -> None:
-        common.share_inline_builds()
-        self.reference = common.import_file("htam_reference", self.jobdir / "reference.py")
-        torch.manual_seed(self.job["init_seed"])
-        init = self.reference.get_init_inputs()
-        if self.job["kind"] == "cu":
+    def load(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+        init = torch.load(self.box / "init.pt", weights_only=True)
+        kernels.use_build_dir(self.box / "build")
+        common.share_inline_builds(self.box / "torch_extensions")
+        if self.role == "reference":
+            module = common.import_file("htam_reference", self.box / "reference.py")
+            torch.manual_seed(self.job["init_seed"])
+            self.model = module.Model(*init)
+        elif self.job["kind"] == "cu":
             self.model = common.cuda_entry_model(
                 self.candidate_path.read_text(), self.job["entry"], self.job["name"]
             )
@@ -118,111 +126,125 @@ class Worker:
             self.model = module.ModelNew(*init)
         if isinstance(self.model, torch.nn.Module):
             self.model = self.model.to(self.device)
+        self.threads_before = {t.ident for t in threading.enumerate()}
 
-    def _inputs(self, index: int) -> list[Any]:
-        data = _LOAD(self.jobdir / f"inputs_{index}.pt", weights_only=True)
-        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in data]
+    def _map(self, name: str, size: int) -> torch.Tensor:
+        """`box/name` as shared bytes (re-mapped only when its size changes)."""
+        if name not in self.maps or self.maps[name].numel() != size:
+            self.maps[name] = torch.from_file(
+                str(self.box / name), shared=True, size=size, dtype=torch.uint8
+            )
+        return self.maps[name]
+
+    def _inputs(self, layout: list[dict[str, Any]], size: int) -> list[Any]:
+        data = self._map("in.bin", max(size, 1))
+        inputs = []
+        for item in layout:
+            if "value" in item:
+                inputs.append(item["value"])
+                continue
+            tensor = common.tensor_view(data, item)
+            inputs.append(tensor if self.device.type == "cpu" else tensor.to(self.device))
+        return inputs
+
+    def call(self, command: dict[str, Any]) -> None:
+        inputs = self._inputs(command["inputs"], command["in_size"])
+        out = self._map("out.bin", max(command["out_size"], 1))
+        if self.flush is not None:
+            self.flush.zero_()
+        self._sync()
+        with torch.no_grad(), profile(use_cpu=True) as prof:
+            self.emit(event="ready", k=command["k"])
+            if sys.stdin.readline().strip() != "go":
+                raise SystemExit(0)
+            _WATCH.set()
+            sys.setprofile(_library_probe)
+            result = self.model(*inputs)
+            sys.setprofile(None)
+            _WATCH.clear()
+            self._sync()
+            mismatch = self._store(result, command["out"], out, inputs)
+            self.emit(event="done", k=command["k"], mismatch=mismatch)
+        self.ops |= _ops(prof)
+
+    def _store(
+        self, result: Any, layout: list[dict[str, Any]], out: torch.Tensor, inputs: list[Any]
+    ) -> str:
+        """Copy the outputs into `out.bin`; '' or why they do not fit the expected layout."""
+        outputs = list(result) if isinstance(result, tuple | list) else [result]
+        if len(outputs) != len(layout):
+            return f"{len(outputs)} outputs, expected {len(layout)}"
+        self.last = []
+        for number, (value, item) in enumerate(zip(outputs, layout, strict=True)):
+            if not isinstance(value, torch.Tensor):
+                return f"output {number} is {type(value).__name__}"
+            if type(value) is not torch.Tensor:
+                self.types.add(type(value).__name__)
+            plain = value.as_subclass(torch.Tensor)
+            if list(plain.shape) != item["shape"] or str(plain.dtype) != item["dtype"]:
+                return (
+                    f"output {number}: shape {list(plain.shape)} {plain.dtype}, "
+                    f"expected {item['shape']} {item['dtype']}"
+                )
+            pointer = plain.untyped_storage().data_ptr()
+            self.aliased |= any(
+                isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == pointer
+                for x in inputs
+            )
+            common.tensor_view(out, item).copy_(plain)
+            self.last.append(plain)
+        self._sync()
+        return ""
+
+    def late(self, command: dict[str, Any]) -> None:
+        """Copy the last outputs again (the judge compares: was the answer completed
+        after `done`?)."""
+        out = self._map("out.bin", max(command["out_size"], 1))
+        for value, item in zip(self.last, command["out"], strict=False):
+            common.tensor_view(out, item).copy_(value)
+        self._sync()
+        self.emit(event="late")
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
+            torch.cuda.synchronize()
 
-    def verify(self) -> None:
-        # Fresh allocations (torch.empty and friends) come back NaN-filled, so an output
-        # the candidate never wrote cannot pass for a result.
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.utils.deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
-        ops: set[str] = set()
-        types: set[str] = set()
-        for index in range(self.job["input_sets"]):
-            inputs = self._inputs(index)
-            recorder = _OpRecorder()
-            _WATCH_FRAMES.set()
-            with torch.no_grad(), recorder:
-                out = self.model(*inputs)
-            _WATCH_FRAMES.clear()
-            self._sync()
-            outputs = list(out) if isinstance(out, tuple | list) else [out]
-            types.update(type(o).__name__ for o in outputs if type(o) is not torch.Tensor)
-            plain = [
-                o.as_subclass(torch.Tensor) if isinstance(o, torch.Tensor) else o for o in outputs
-            ]
-            _SAVE({"inputs": inputs, "outputs": plain}, self.jobdir / f"cand_{index}.pt")
-            _SLEEP(LATE_CHECK_S)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            _SAVE({"outputs": plain}, self.jobdir / f"late_{index}.pt")
-            ops |= recorder.ops
-        self.emit(event="verified", checks=self._runtime_checks(ops, types))
+    def report(self) -> None:
+        self.emit(event="report", checks=self._runtime_checks())
 
-    def _runtime_checks(self, ops: set[str], types: set[str]) -> list[dict[str, Any]]:
-        compute = sorted(op for op in ops if op not in _LAYOUT_OPS and op + "_" not in _LAYOUT_OPS)
+    def _runtime_checks(self) -> list[dict[str, Any]]:
+        compute = sorted(
+            op for op in self.ops if op not in _LAYOUT_OPS and op + "_" not in _LAYOUT_OPS
+        )
         patched = common.changed_attributes(_GUARDED)
         threads = [
             t.name
             for t in threading.enumerate()
             if t.ident not in self.threads_before and t.is_alive()
         ]
-        nan_fill = torch.are_deterministic_algorithms_enabled() and bool(
-            torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
-        )
+        libraries = sorted(set(_LIBRARY_CALLS))
+        frames = _FRAME_EVENTS[:1]
         return [
-            common.check("runtime.nan_fill", nan_fill, "NaN-filling of fresh memory was disabled"),
             common.check("runtime.torch_ops", not compute, "torch computes: " + ", ".join(compute)),
+            common.check(
+                "runtime.library", not libraries, "another library works: " + ", ".join(libraries)
+            ),
             common.check("runtime.monkeypatch", not patched, "replaced: " + ", ".join(patched)),
             common.check(
                 "runtime.frame_inspection",
-                not _FRAME_EVENTS,
-                f"{len(_FRAME_EVENTS)} frame lookups during forward: {_FRAME_EVENTS[0]}"
-                if _FRAME_EVENTS
-                else "",
+                not frames,
+                f"{len(_FRAME_EVENTS)} frame lookups during forward: {frames[0] if frames else ''}",
             ),
             common.check(
                 "runtime.threads", not threads, "threads left running: " + ", ".join(threads)
             ),
-            common.check("runtime.output_type", not types, "returned " + ", ".join(sorted(types))),
+            common.check(
+                "runtime.output_type", not self.types, "returned " + ", ".join(sorted(self.types))
+            ),
+            common.check(
+                "runtime.aliasing", not self.aliased, "an output shares memory with an input"
+            ),
         ]
-
-    def time(self) -> None:
-        torch.use_deterministic_algorithms(False)  # NaN-filling would be timed too
-        inputs = self._inputs(0)
-        torch.manual_seed(self.job["init_seed"])
-        ref = self.reference.Model(*self.reference.get_init_inputs()).to(self.device)
-        limit = self.job["max_trials"]
-        with torch.no_grad():
-            ref_samples = self._samples(lambda: ref(*inputs), limit)
-            cand_samples = self._samples(lambda: self.model(*inputs), limit)
-        self.emit(event="timed", ref=ref_samples, cand=cand_samples)
-
-    def _samples(self, call: Callable[[], Any], limit: int) -> list[float]:
-        """Milliseconds per call: warm-up, then trials until the standard error of the
-        mean is under 1 % of the median (at least 10, at most `limit`)."""
-        for _ in range(3):
-            call()
-        self._sync()
-        flush = common.l2_flush_buffer(self.device)
-        samples: list[float] = []
-        while len(samples) < limit:
-            samples.append(self._trial(call, flush))
-            if len(samples) >= 10:
-                stderr = statistics.stdev(samples) / len(samples) ** 0.5
-                if stderr < 0.01 * statistics.median(samples):
-                    break
-        return samples
-
-    def _trial(self, call: Callable[[], Any], flush: torch.Tensor | None) -> float:
-        if flush is None:
-            start = _PERF()
-            call()
-            return (_PERF() - start) * 1e3
-        flush.zero_()
-        begin, end = _CUDA_EVENT(enable_timing=True), _CUDA_EVENT(enable_timing=True)
-        _CUDA_SYNC()
-        begin.record()
-        call()
-        end.record()
-        _CUDA_SYNC()
-        return float(begin.elapsed_time(end))
 
 
 def _error_event(error: BaseException, candidate: Path) -> dict[str, Any]:
@@ -243,32 +265,37 @@ def _error_event(error: BaseException, candidate: Path) -> dict[str, Any]:
     }
 
 
-def main(jobdir: Path) -> None:
+def _serve(harness: Harness) -> None:
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["cmd"] == "load":
+            harness.load(command["threads"])
+            harness.emit(event="loaded")
+        elif command["cmd"] == "call":
+            harness.call(command)
+        elif command["cmd"] == "late":
+            harness.late(command)
+        elif command["cmd"] == "report":
+            harness.report()
+
+
+def main(box: Path, role: str) -> None:
     events = os.fdopen(os.dup(1), "w")
-    log = os.open(jobdir / "candidate.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    log = os.open(box / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(log, 1)
     os.dup2(log, 2)
     sys.addaudithook(_audit)
-    worker = Worker(jobdir, events)
-    phase = "compile"
+    threading.setprofile(_library_probe)
+    harness = Harness(box, role, events)
     try:
-        worker.compile()
-        worker.emit(event="compiled")
-        worker.wait_for("verify")
-        phase = "verify"
-        worker.verify()
-        worker.wait_for("time")
-        phase = "time"
-        worker.time()
+        _serve(harness)
     except SystemExit:
-        raise
+        pass
     except BaseException as error:  # every failure of the candidate becomes a verdict
-        event = _error_event(error, worker.candidate_path)
-        event["phase"] = phase
-        worker.emit(**event)
+        harness.emit(**_error_event(error, harness.candidate_path))
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: candidates' atexit hooks cannot run
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2])

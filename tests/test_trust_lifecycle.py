@@ -1,0 +1,112 @@
+"""Lifecycle: nothing a candidate starts outlives its evaluation, killing the caller
+leaves no process and no job folder, and a stopped worker really stops."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from htam_engine.evaluate import Limits
+from htam_engine.evaluate.process import Child, freeze, thaw
+from htam_engine.evaluate.runner import clean_stale_jobs, run_candidate
+from htam_engine.evaluate.sandbox import sandbox_mode
+from htam_engine.evaluate.verdict import Verdict
+from htam_engine.task import load_task
+
+FIXTURES = Path(__file__).parent / "fixtures"
+QUICK = Limits(compile_s=60, verify_s=30, time_s=60)
+
+
+@pytest.fixture(autouse=True)
+def htam_home(tmp_path, monkeypatch):
+    home = tmp_path / "htam-home"
+    monkeypatch.setenv("HTAM_HOME", str(home))
+    return home
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line names `text` (a job folder lies under it)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = Path(entry.path, "cmdline").read_bytes()
+                state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if text.encode() in cmdline and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_a_setsid_daemon_does_not_outlive_the_evaluation(htam_home):
+    path = FIXTURES / "candidates" / "adversarial" / "daemon.py"
+    verdict = Verdict(device="cpu", sandbox=sandbox_mode())
+    run_candidate(load_task(path), path.read_text(), verdict, QUICK, threading.Event(), print)
+    assert verdict.correct, verdict.error
+    assert wait_until(lambda: not processes_mentioning(str(htam_home)), 5)
+    assert not any((htam_home / "jobs").iterdir())
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_killing_htam_eval_leaves_no_process_and_no_job_folder(htam_home, signum):
+    task = FIXTURES / "eval" / "hang.py"
+    env = {**os.environ, "HTAM_HOME": str(htam_home)}
+    command = [sys.executable, "-m", "htam_engine.cli", "eval", str(task), str(task), "--no-cache"]
+    caller = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    workers = lambda: [p for p in processes_mentioning(str(htam_home)) if p != caller.pid]  # noqa: E731
+    try:
+        assert wait_until(lambda: len(workers()) >= 3, 60), "the evaluation never started"
+        time.sleep(1.0)  # the candidate is now inside its hanging call
+        caller.send_signal(signum)
+        caller.wait(10)
+        assert wait_until(lambda: not workers(), 10), processes_mentioning(str(htam_home))
+        assert wait_until(lambda: not any((htam_home / "jobs").iterdir()), 10)
+    finally:
+        caller.kill()
+        caller.wait()
+
+
+def test_stale_job_folders_are_removed_and_live_ones_kept(htam_home):
+    jobs = htam_home / "jobs"
+    stale = jobs / "eval-dead"
+    stale.mkdir(parents=True)
+    (stale / ".owner").touch()  # its owner died: nobody holds the lock
+    assert clean_stale_jobs() == 1 and not stale.exists()
+
+
+def test_a_frozen_worker_burns_no_cpu(tmp_path):
+    burn = "import sys\nsys.stdin.readline()\nwhile True: pass\n"
+    script = tmp_path / "burn.py"
+    script.write_text(burn)
+    child = Child("burner", [sys.executable, str(script)], tmp_path, {}, tmp_path / "log")
+    try:
+        child.send("start")
+
+        def cpu_ticks() -> int:
+            fields = Path(f"/proc/{child.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])
+
+        time.sleep(0.3)
+        freeze(child)
+        frozen = cpu_ticks()
+        time.sleep(0.5)
+        assert cpu_ticks() == frozen
+        thaw(child)
+        assert wait_until(lambda: cpu_ticks() > frozen, 2)
+    finally:
+        child.kill()
