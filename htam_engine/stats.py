@@ -1,0 +1,66 @@
+"""Speedups from paired timings, with a bootstrap interval (pure Python, no numpy).
+
+Reference and candidate trials alternate, so each pair saw the same machine state; the
+speedup is the median over pairs of ref/candidate (on the log scale, where the ratio's
+noise is symmetric), and its 95 % interval comes from resampling the pairs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A speedup (ref time / candidate time) and its interval, from `pairs` pairs."""
+
+    estimate: float
+    low: float
+    high: float
+    pairs: int
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width relative to the estimate (0.05 = +-5 %)."""
+        return (self.high - self.low) / (2 * self.estimate)
+
+    def narrow(self, target: float) -> bool:
+        return self.half_width <= target
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "half_width": self.half_width}
+
+
+def log_ratios(reference_s: Sequence[float], candidate_s: Sequence[float]) -> list[float]:
+    if len(reference_s) != len(candidate_s) or not reference_s:
+        raise ValueError("paired timing needs the same number (> 0) of times on both sides")
+    if min(*reference_s, *candidate_s) <= 0:
+        raise ValueError("times must be positive")
+    return [math.log(r / c) for r, c in zip(reference_s, candidate_s, strict=True)]
+
+
+def paired_speedup(
+    reference_s: Sequence[float],
+    candidate_s: Sequence[float],
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> Interval:
+    """The median pair's speedup with a percentile-bootstrap interval of that median."""
+    logs = log_ratios(reference_s, candidate_s)
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(logs, k=len(logs))) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    low = medians[int(tail * (resamples - 1))]
+    high = medians[int(math.ceil((1 - tail) * (resamples - 1)))]
+    estimate = statistics.median(logs)
+    return Interval(math.exp(estimate), math.exp(low), math.exp(high), len(logs))

@@ -1,0 +1,52 @@
+"""Paired speedups and their bootstrap intervals."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from htam_engine.stats import paired_speedup
+
+
+def noisy_pairs(speedup: float, n: int, noise: float, seed: int) -> tuple[list[float], list[float]]:
+    """Pairs whose machine load moves both sides together (common mode) plus own noise."""
+    rng = random.Random(seed)
+    ref, cand = [], []
+    for _ in range(n):
+        load = rng.choice([1.0, 1.0, 1.0, 8.0])  # a busy neighbour, now and then
+        ref.append(1e-3 * load * rng.lognormvariate(0, noise))
+        cand.append(1e-3 / speedup * load * rng.lognormvariate(0, noise))
+    return ref, cand
+
+
+def test_a_real_speedup_is_found_through_common_mode_load() -> None:
+    ref, cand = noisy_pairs(2.0, 60, 0.05, seed=1)
+    interval = paired_speedup(ref, cand)
+    assert interval.low < 2.0 < interval.high
+    assert interval.low > 1.8 and interval.high < 2.2
+    assert interval.pairs == 60
+
+
+def test_no_speedup_keeps_one_inside_the_interval() -> None:
+    ref, cand = noisy_pairs(1.0, 40, 0.1, seed=2)
+    interval = paired_speedup(ref, cand)
+    assert interval.low < 1.0 < interval.high
+
+
+def test_more_pairs_narrow_the_interval() -> None:
+    few = paired_speedup(*noisy_pairs(1.5, 10, 0.1, seed=3))
+    many = paired_speedup(*noisy_pairs(1.5, 200, 0.1, seed=3))
+    assert many.half_width < few.half_width
+    assert many.narrow(0.05) and not few.narrow(0.05)
+
+
+def test_the_same_pairs_give_the_same_interval() -> None:
+    pairs = noisy_pairs(1.3, 30, 0.1, seed=4)
+    assert paired_speedup(*pairs) == paired_speedup(*pairs)
+
+
+@pytest.mark.parametrize(("ref", "cand"), [([1.0], [1.0, 2.0]), ([], []), ([1.0], [0.0])])
+def test_unpaired_or_impossible_times_are_rejected(ref: list[float], cand: list[float]) -> None:
+    with pytest.raises(ValueError):
+        paired_speedup(ref, cand)
