@@ -11,9 +11,12 @@ from llm_api_server import Reply, ScriptedAPIServer, sdk_provider
 
 from htam_engine.llm import (
     LIMITS,
+    Attempt,
     BudgetExhausted,
     LLMError,
     RunBudget,
+    attempt,
+    best_of,
     count_tokens,
     extract_candidate,
     failure_text,
@@ -178,3 +181,86 @@ def test_the_repair_turn_shows_the_failure_and_asks_for_a_fixed_file(
     assert "Shared-memory tiling" in prompt
     assert count_tokens(prompt) < count_tokens(log) // 10
     assert count_tokens(prompt) < sum(BUDGET.values())
+
+
+def judge(code: str) -> dict[str, Any]:
+    """A small real judge for these tests: run ModelNew.forward(3) against 3 * 2."""
+    namespace: dict[str, Any] = {}
+    try:
+        exec(compile(code, "candidate.py", "exec"), namespace)  # noqa: S102 - test code
+        got = namespace["ModelNew"]().forward(3)
+    except Exception as error:  # noqa: BLE001 - any failure is the verdict
+        error_json = {"kind": "runtime_error", "message": repr(error), "excerpt": "", "line": None}
+        return {"compiled": True, "correct": False, "error": error_json, "checks": []}
+    if got == 6:
+        return {"compiled": True, "correct": True, "speedup": 1.0 + got / 100, "error": None}
+    error_json = {"kind": "incorrect", "message": f"expected 6, got {got}", "excerpt": ""}
+    return {"compiled": True, "correct": False, "error": error_json, "checks": []}
+
+
+def run_attempt(server: ScriptedAPIServer, **kw: Any) -> Any:
+    provider = kw.pop("provider", None) or sdk_provider("openai", server)
+    first = generate(provider, "s", "p", "python")
+    return attempt(
+        provider, first, judge, task_source="ref", local_text="strategy", language="python", **kw
+    )
+
+
+def test_a_correct_first_answer_needs_no_repair(server: ScriptedAPIServer) -> None:
+    server.script(Reply(text=fenced(MODEL_NEW.format(n=2))))
+    result = run_attempt(server)
+    assert result.verdict["correct"] and not result.repaired
+    assert len(server.requests) == 1
+
+
+def test_a_wrong_result_is_repaired_from_the_mismatch(server: ScriptedAPIServer) -> None:
+    server.script(
+        Reply(text=fenced(MODEL_NEW.format(n=3))), Reply(text=fenced(MODEL_NEW.format(n=2)))
+    )
+    result = run_attempt(server)
+    assert result.repaired and result.verdict["correct"]
+    assert result.code == MODEL_NEW.format(n=2)
+    assert "expected 6, got 9" in server.requests[1].body["messages"][-1]["content"]
+    assert result.to_json()["answers"][1]["purpose"] == "repair"
+
+
+def test_a_repair_without_code_keeps_the_first_verdict(server: ScriptedAPIServer) -> None:
+    server.script(Reply(text=fenced(MODEL_NEW.format(n=3))), Reply(text="Sorry, no idea."))
+    result = run_attempt(server)
+    assert result.repaired and result.code == MODEL_NEW.format(n=3)
+    assert result.verdict["error"]["kind"] == "incorrect"
+    assert result.repair_note == "the repair gave no code: no code in the answer"
+
+
+def test_a_spent_budget_skips_the_repair_with_a_note(server: ScriptedAPIServer) -> None:
+    server.script(Reply(text=fenced(MODEL_NEW.format(n=3)), input_tokens=10, output_tokens=40))
+    provider = sdk_provider("openai", server, budget=RunBudget(max_tokens=60))
+    result = run_attempt(server, provider=provider)
+    assert not result.repaired and result.repair_note.startswith("no repair turn: LLM budget spent")
+    assert len(server.requests) == 1
+
+
+def test_no_code_is_never_evaluated(server: ScriptedAPIServer) -> None:
+    server.script(Reply(text="```python\nclass ModelNew(torch.nn.Module):\n```"))
+    result = run_attempt(server)
+    assert result.code is None and result.verdict is None
+    assert result.reason.startswith("Python does not parse")
+
+
+def test_the_repair_turn_can_be_off(server: ScriptedAPIServer) -> None:
+    server.script(Reply(text=fenced(MODEL_NEW.format(n=3))))
+    result = run_attempt(server, repair_turn=False)
+    assert not result.repaired and not result.verdict["correct"]
+
+
+def test_best_of_keeps_the_fastest_correct_then_the_first_judged() -> None:
+    def made(n: int | None) -> Attempt:
+        code = MODEL_NEW.format(n=n) if n is not None else None
+        return Attempt(code, judge(code) if code else None, "" if code else "no code", ())
+
+    fast, slow, wrong, empty = made(2), made(2), made(5), made(None)
+    assert best_of([wrong, slow, empty]) is slow
+    assert best_of([wrong, empty]) is wrong
+    assert best_of([empty]) is None
+    faster = Attempt(fast.code, {**(fast.verdict or {}), "speedup": 9.0}, "", ())
+    assert best_of([slow, faster]) is faster

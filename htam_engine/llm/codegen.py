@@ -1,14 +1,15 @@
 """Code from the LLM: one generation, best-of-k in parallel, and one repair turn.
 
 Each answer comes back as a `Generated`: usable code, or None and the reason (a step
-records `no_code` with it). The caller evaluates; `needs_repair` and `repair` give a
-compile error or a wrong result one more try, shown the compiler's excerpt or the
-verifier's mismatch (as CudaForge's judge does).
+records `no_code` with it). `needs_repair` and `repair` give a compile error or a wrong
+result one more try, shown the compiler's excerpt or the verifier's mismatch (as
+CudaForge's judge does); `attempt` runs evaluate -> repair -> evaluate with the caller's
+`evaluate` (this package never imports the evaluator), and `best_of` keeps the best.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -132,3 +133,81 @@ def repair(
         task_source, failed_code, failure_text(verdict), local_text, language
     )
     return generate(provider, system, prompt, language, entry=entry, purpose="repair")
+
+
+Evaluate = Callable[[str], Mapping[str, Any]]  # code -> Verdict.to_json()
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One candidate through evaluation and at most one repair turn.
+
+    `code` and `verdict` are what the step learns from: the repaired version when the
+    repair produced code, else the first one; `code` None means `no_code` (`reason`).
+    `answers` holds the first answer and the repair's, if one ran."""
+
+    code: str | None
+    verdict: Mapping[str, Any] | None
+    reason: str
+    answers: tuple[Generated, ...]
+    repair_note: str = ""
+
+    @property
+    def repaired(self) -> bool:
+        """A repair turn was asked for (whether or not it gave code)."""
+        return len(self.answers) > 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code is not None,
+            "reason": self.reason,
+            "repaired": self.repaired,
+            "repair_note": self.repair_note,
+            "answers": [answer.to_json() for answer in self.answers],
+        }
+
+
+def attempt(
+    provider: Provider,
+    first: Generated,
+    evaluate: Evaluate,
+    *,
+    task_source: str,
+    local_text: str,
+    language: str,
+    entry: str | None = None,
+    repair_turn: bool = True,
+) -> Attempt:
+    """Evaluate `first` (from `generate`), and on a repairable failure ask once for a fix
+    and evaluate that. A repair that cannot be asked (budget spent, LLM down) or gives
+    no code leaves the first verdict standing, with a note saying why."""
+    if first.code is None:
+        return Attempt(None, None, first.reason, (first,))
+    verdict = evaluate(first.code)
+    if not (repair_turn and needs_repair(verdict)):
+        return Attempt(first.code, verdict, "", (first,))
+    try:
+        fixed = repair(
+            provider,
+            task_source=task_source,
+            failed_code=first.code,
+            verdict=verdict,
+            local_text=local_text,
+            language=language,
+            entry=entry,
+        )
+    except LLMError as error:
+        return Attempt(first.code, verdict, "", (first,), f"no repair turn: {error}")
+    if fixed.code is None:
+        note = f"the repair gave no code: {fixed.reason}"
+        return Attempt(first.code, verdict, "", (first, fixed), note)
+    return Attempt(fixed.code, evaluate(fixed.code), "", (first, fixed))
+
+
+def best_of(attempts: Sequence[Attempt]) -> Attempt | None:
+    """The attempt to keep: the fastest correct one, else the first with code, else None."""
+    judged = [a for a in attempts if a.verdict is not None]
+    correct = [a for a in judged if a.verdict and a.verdict.get("correct")]
+    if correct:
+        return max(correct, key=lambda a: float((a.verdict or {}).get("speedup") or 0.0))
+    return judged[0] if judged else None
