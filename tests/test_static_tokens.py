@@ -82,6 +82,15 @@ def test_identifiers_strings_and_comments_never_trigger(source: str) -> None:
         (with_python("        import threading as t\n"), "static.threads_streams"),
         (with_python('        w = __import__("thread" + "ing")\n'), "static.threads_streams"),
         (with_python("        s = torch.cuda.Stream()\n"), "static.threads_streams"),
+        (with_python("        import torch.multiprocessing as mp\n"), "static.threads_streams"),
+        (with_python("        f = torch.jit.fork(len, x)\n"), "static.threads_streams"),
+        (
+            with_python('        __import__("os").posix_spawn("/bin/sh", [], {})\n'),
+            "static.threads_streams",
+        ),
+        (with_python("        import subprocess\n"), "static.threads_streams"),
+        (with_cpp("    if (fork() == 0) { setsid(); }\n"), "static.threads_streams"),
+        (with_cpp("    at::launch([] {});\n"), "static.threads_streams"),
         (
             with_python("        f = sys._getframe(1)\n").replace(
                 "import ctypes\n", "import sys\n"
@@ -120,6 +129,12 @@ def test_identifiers_strings_and_comments_never_trigger(source: str) -> None:
         "import-alias",
         "import-by-concatenated-string",
         "torch-stream",
+        "torch-multiprocessing",
+        "torch-jit-fork",
+        "os-posix-spawn",
+        "subprocess",
+        "cpp-fork-setsid",
+        "aten-launch",
         "sys-getframe",
         "getframe-by-getattr",
         "inspect-stack-imported",

@@ -108,13 +108,21 @@ _FRAME_CALLS = {
     "sys": {"settrace", "setprofile"},
     "traceback": {"extract_stack", "walk_stack", "format_stack", "print_stack"},
 }
-# work off the caller's path: modules imported, torch streams, forks; and in C++
-_ASYNC_MODULES = frozenset({"threading", "_thread", "concurrent", "multiprocessing", "asyncio"})
-_ASYNC_ATTRS = {"torch": {"Stream", "stream", "ExternalStream"}, "os": {"fork", "forkpty"}}
+# work off the caller's path: threads, streams, other processes; in Python and in C++
+_ASYNC_MODULES = frozenset(
+    {"threading", "_thread", "concurrent", "multiprocessing", "asyncio", "subprocess", "pty"}
+)
+_ASYNC_ATTRS = {
+    "torch": frozenset({"Stream", "stream", "ExternalStream", "fork"}),
+    "os": frozenset({"fork", "forkpty", "system", "popen", "setsid", "daemon"}),
+}
+_PROCESS_PREFIXES = ("spawn", "exec", "posix_spawn")  # os.spawnv, os.execve, ...
 _CPP_ASYNC_TYPES = frozenset({"std::thread", "std::jthread", "thread", "jthread"})
 _CPP_ASYNC_CALLS = frozenset(
-    {"async", "pthread_create", "fork", "getStreamFromPool"}
+    {"async", "pthread_create", "getStreamFromPool", "at::launch", "torch::jit::fork"}
     | {"cudaStreamCreate", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority"}
+    | {"fork", "vfork", "system", "popen", "posix_spawn", "posix_spawnp", "setsid", "daemon"}
+    | {"execl", "execle", "execlp", "execv", "execve", "execvp", "execvpe"}
 )
 # half precision: torch/numpy dtypes, tensor methods, C++ types, intrinsics
 _LOW_DTYPES = frozenset(
@@ -299,10 +307,12 @@ def _py_frames(view: _PyView) -> Iterator[tuple[int, str]]:
 
 def _py_async(view: _PyView) -> Iterator[tuple[int, str]]:
     for line, module in view.imported_modules():
-        if module.split(".")[0] in _ASYNC_MODULES:
+        if _ASYNC_MODULES.intersection(module.split(".")):
             yield line, f"imports {module}"
     for use in view.uses:
-        if len(use.chain) > 1 and use.chain[-1] in _ASYNC_ATTRS.get(use.chain[0], ()):
+        root, last = use.chain[0], use.chain[-1]
+        spawns = root == "os" and last.startswith(_PROCESS_PREFIXES)
+        if len(use.chain) > 1 and (last in _ASYNC_ATTRS.get(root, ()) or spawns):
             yield use.line, ".".join(use.chain)
 
 
@@ -386,7 +396,7 @@ def _cpp_tokens(code: str, first_line: int) -> Iterator[_CppToken]:
 
 def _cpp_async(token: _CppToken) -> bool:
     if token.kind == "call":
-        return token.last in _CPP_ASYNC_CALLS
+        return token.last in _CPP_ASYNC_CALLS or token.text in _CPP_ASYNC_CALLS
     return token.text in _CPP_ASYNC_TYPES
 
 
