@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,13 @@ def test_the_form_is_recorded_and_replayed(server: ScriptedAPIServer, tmp_path: 
     replay, _ = make_provider("replay", cassette=cassette, env={})
     assert replay is not None
     assert replay.complete("s", "p", purpose="local", schema=SCHEMA).form == "json_object"
+
+
+def test_concurrent_refusals_drop_a_form_once(server: ScriptedAPIServer) -> None:
+    server.script(*(Reply(status=500, delay_s=0.2) for _ in range(2)), answer(), answer())
+    llm = sdk_provider("openai", server)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        calls = [pool.submit(llm.complete, "s", f"p{i}", schema=SCHEMA) for i in range(2)]
+        forms = [call.result().form for call in calls]
+    assert forms == ["json_object", "json_object"]
+    assert llm.forms == ["json_object", "prompted"]  # type: ignore[attr-defined]

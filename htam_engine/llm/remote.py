@@ -262,6 +262,7 @@ class RemoteProvider(Provider):
         self.cache = cache
         self.retry = retry or RetryPolicy()
         self.forms = list(self.FORMS)  # shrinks as the server rejects forms
+        self._forms_lock = threading.Lock()  # best-of-k samples share it
         self.pricing = self._pricing()
         if self.pricing == "unknown":
             log.warning("no price listed for %s; its cost is unknown (see HTAM_PRICES)", model)
@@ -338,8 +339,8 @@ class RemoteProvider(Provider):
 
             return "text", call_with_retries(text, self.retry, what)
         while True:
-            form = self.forms[0]
-            last = len(self.forms) == 1
+            with self._forms_lock:
+                form, last = self.forms[0], len(self.forms) == 1
 
             def call(form: str = form, last: bool = last) -> Answer:
                 return self._structured(system, prompt, max_tokens, deadline_s, schema, form, last)
@@ -347,8 +348,14 @@ class RemoteProvider(Provider):
             try:
                 return form, call_with_retries(call, self.retry, what)
             except FormRejected as rejected:
-                log.warning("%s: %s refused (%s); next %s", what, form, rejected, self.forms[1])
+                self._drop(form, f"{what}: {form} refused ({rejected})")
+
+    def _drop(self, form: str, why: str) -> None:
+        """Stop using `form` (once, however many samples saw it refused)."""
+        with self._forms_lock:
+            if self.forms[0] == form and len(self.forms) > 1:
                 self.forms.pop(0)
+                log.warning("%s; next %s", why, self.forms[0])
 
     def _structured(
         self,
