@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from htam_engine.llm import extract_candidate, extract_json, make_provider, parse_choice
+from htam_engine.llm import LIMITS, extract_candidate, extract_json, make_provider, parse_choice
 from htam_engine.llm.measure import main as measure_main
 from htam_engine.llm.measure import measure
 from htam_engine.memory.model import load_seed
@@ -161,3 +161,19 @@ def test_measure_tells_the_last_object_from_the_first(tmp_path: Path) -> None:
     cassette.write_text(json.dumps({**echo, "text": echo["text"] + answer}) + "\n")
     report = measure([cassette])
     assert (report.choices, report.valid_choices, report.valid_first_object) == (1, 1, 0)
+
+
+def test_a_replayed_answer_as_long_as_the_limit_counts_as_cut_off() -> None:
+    """Older cassettes have no `truncated`: an answer as long as the call's limit was."""
+    cassette = next(c for c in CASSETTES if c.name.startswith("smollm2"))
+    replay, _ = make_provider("replay", cassette=cassette, env={})
+    assert replay is not None
+    purposes = ("local", "generate", "local", "local", "local")
+    answers = [
+        replay.complete("s", "a prompt recorded under another version", purpose=purpose)
+        for purpose in purposes
+    ]
+    limits = [LIMITS[purpose].max_tokens for purpose in purposes]
+    expected = [a.output_tokens >= limit for a, limit in zip(answers, limits, strict=True)]
+    assert [a.truncated for a in answers] == expected
+    assert answers[-1].truncated and not answers[1].truncated
