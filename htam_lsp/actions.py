@@ -13,10 +13,12 @@ from typing import Any
 
 from lsprotocol import types as t
 
+from htam_engine import parsing
 from htam_lsp import discovery, insight, render
 from htam_lsp import suggestions as sg
 from htam_lsp.discovery import Unit
 from htam_lsp.documents import Document
+from htam_lsp.positions import encode
 from htam_lsp.protocol import Prerendered
 
 ACTION_KIND = "refactor.rewrite.htam"
@@ -86,9 +88,9 @@ def _range_json(doc: Document, start: int, end: int, encoding: str) -> dict[str,
 
 
 def lenses(ls: Any, doc: Document) -> list[t.CodeLens]:
-    """Over each kernel: run / cancel, and the best measured result once there is one."""
+    """Over each kernel: run / cancel, and the best offered suggestion once there is one."""
     found = []
-    job = ls.active_job(doc.uri)
+    job = ls.jobs.active(doc.uri)
     for unit in discovery.units(doc):
         if not unit.is_kernel:
             continue
@@ -100,11 +102,12 @@ def lenses(ls: Any, doc: Document) -> list[t.CodeLens]:
         else:
             command = t.Command("Optimize with HTAM", "htam.nextStep", arguments=[argument])
         found.append(t.CodeLens(range=where, command=command))
-        best = sg.best_speedup(ls.records.get(doc.uri, unit.name))
-        if best is not None:
-            graph = ls.graph(insight.backend(doc))
-            title = render.best_lens_title(graph, best)
-            found.append(t.CodeLens(where, t.Command(title, "htam.explain", arguments=[argument])))
+        offer = offered(ls, doc, unit)
+        best = offer.suggestions[0].record if offer.suggestions else None
+        slower = max((r.step.speedup or 0.0 for r in offer.slower), default=None)
+        said = render.best_lens_title(ls.graph(insight.backend(doc)), best, slower)
+        if said is not None:
+            found.append(t.CodeLens(where, t.Command(said, "htam.explain", arguments=[argument])))
     return found
 
 
@@ -112,11 +115,13 @@ def _position_json(position: t.Position) -> dict[str, int]:
     return {"line": position.line, "character": position.character}
 
 
-def _text_hash(doc: Document) -> str:
-    """The document's hash, which matches suggestions to the text (cached per version)."""
-    if "text_hash" not in doc.cache:
-        doc.cache["text_hash"] = sg.text_hash(doc.data)
-    cached: str = doc.cache["text_hash"]
+def offered(ls: Any, doc: Document, unit: Unit) -> sg.Offer:
+    """What the kernel's history offers the document's current text (cached per version)."""
+    key = f"offer:{unit.name}"
+    if key not in doc.cache:
+        history = ls.records.history(doc.uri, unit.name)
+        doc.cache[key] = sg.offer(history, doc.text, ls.settings.min_speedup)
+    cached: sg.Offer = doc.cache[key]
     return cached
 
 
@@ -126,16 +131,37 @@ def _text_hash(doc: Document) -> str:
 def explain(ls: Any, doc: Document, unit: Unit) -> str:
     """The Markdown rationale of `unit` (hover and htam.explain)."""
     graph = ls.graph(insight.backend(doc))
-    record = ls.records.get(doc.uri, unit.name)
-    current = _text_hash(doc)
-    offered = sg.suggestions(record, current)
+    history = ls.records.history(doc.uri, unit.name)
+    offer = offered(ls, doc, unit)
     diff = None
-    if offered:
+    if offer.suggestions:
         name = PurePosixPath(doc.uri).name
-        diff = render.unified_diff(doc.text, offered[0].source, name)
-    has_history = bool((record or {}).get("history"))
-    preview = None if has_history else insight.preview(doc, unit, graph)
-    return render.hover_markdown(f"`{unit.name}` ({_detail(unit)})", graph, record, diff, preview)
+        diff = render.unified_diff(doc.text, applied_text(doc, offer.suggestions[0]), name)
+    preview = None if history else insight.preview(doc, unit, graph)
+    parts = render.HoverParts(
+        f"`{unit.name}` ({_detail(unit)})", history, diff, preview, _notes(ls, offer)
+    )
+    return render.hover_markdown(graph, parts)
+
+
+def _notes(ls: Any, offer: sg.Offer) -> list[str]:
+    notes = []
+    if offer.dropped:
+        notes.append(
+            f"{len(offer.dropped)} measured candidate(s) no longer apply: the kernel's text "
+            "changed since they were measured. Run a step again."
+        )
+    if offer.slower and not offer.suggestions:
+        notes.append(
+            f"No candidate is offered: none was at least {ls.settings.min_speedup:.2f}x faster "
+            "than your code (setting minSpeedup)."
+        )
+    return notes
+
+
+def applied_text(doc: Document, suggestion: sg.Suggestion) -> str:
+    text = doc.text
+    return text[: suggestion.start] + suggestion.new + text[suggestion.end :]
 
 
 # --- diagnostics --------------------------------------------------------------------------
@@ -237,22 +263,22 @@ def binding_action(ls: Any, doc: Document, unit: Unit) -> t.CodeAction:
 
 
 def suggestion_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]:
-    """One action per verified candidate strategy; the fastest preferred if it is faster."""
+    """One action per strategy whose candidate clears the threshold; the fastest preferred.
+    `data` carries the numbers, so that clients never read them out of the title."""
     graph = ls.graph(insight.backend(doc))
-    current = _text_hash(doc)
-    offered = sg.suggestions(ls.records.get(doc.uri, unit.name), current)
     resolves_edit = "edit" in (
         ls.caps("text_document.code_action.resolve_support.properties") or []
     )
     tags = _tag_support(ls)
     found = []
-    for rank, s in enumerate(offered):
-        data = {"uri": doc.uri, "version": doc.version, "kernel": unit.name, "index": s.index}
-        node = graph.locals.get(s.local_id)
+    for rank, s in enumerate(offered(ls, doc, unit).suggestions):
+        record = s.record
+        data = {"uri": doc.uri, "kernel": unit.name, **suggestion_facts(record)}
+        node = graph.locals.get(record.step.local_id)
         action = t.CodeAction(
-            title=render.action_title(graph, s.global_id, s.local_id, s.speedup, s.inputs),
-            kind=f"{ACTION_KIND}.{s.local_id}",
-            is_preferred=rank == 0 and (s.speedup or 0.0) > 1.0,
+            title=render.action_title(graph, record, _also(doc, s)),
+            kind=f"{ACTION_KIND}.{record.step.local_id}",
+            is_preferred=rank == 0 and not record.non_portable,
             data=data,
         )
         if tags and node is not None and not node.mechanical:
@@ -263,25 +289,89 @@ def suggestion_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]
     return found
 
 
+def suggestion_facts(record: sg.StepRecord) -> dict[str, Any]:
+    """The machine-readable facts of a suggestion (`CodeAction.data`)."""
+    step = record.step
+    return {
+        "n": record.n,
+        "globalId": step.global_id,
+        "localId": step.local_id,
+        "speedup": step.speedup,
+        "refSpeedup": step.ref_speedup,
+        "startMs": record.start_ms,
+        "runtimeMs": record.runtime_ms,
+        "refMs": record.ref_ms,
+        "inputs": record.inputs,
+        "nonPortable": record.non_portable,
+        "sandbox": step.verdict.get("sandbox"),
+    }
+
+
+def _also(doc: Document, suggestion: sg.Suggestion) -> list[str]:
+    """Static features the whole edit adds besides its strategy (e.g. restrict pointers)."""
+    key = f"also:{suggestion.record.n}"
+    if key not in doc.cache:
+        back = insight.backend(doc)
+        before = parsing.features(doc.source, back)
+        after = parsing.features(encode(applied_text(doc, suggestion)), back)
+        gained = sorted(tag for tag in after - before if not tag.startswith("no_"))
+        doc.cache[key] = [tag.replace("_", " ") for tag in gained]
+    cached: list[str] = doc.cache[key]
+    return cached
+
+
 def _tag_support(ls: Any) -> bool:
     values = ls.caps("text_document.code_action.tag_support.value_set") or []
     return t.CodeActionTag.LlmGenerated in values
 
 
 def suggestion_edit(ls: Any, doc: Document, data: dict[str, Any]) -> t.WorkspaceEdit:
-    """The smallest single edit that turns the document into the suggested candidate."""
-    record = ls.records.get(doc.uri, str(data.get("kernel")))
-    history = (record or {}).get("history", [])
-    index = data.get("index")
-    if not isinstance(index, int) or not 0 <= index < len(history):
-        raise ValueError(f"no HTAM suggestion #{index} for {doc.uri}")
-    new = history[index].get("source") or ""
-    start, old_end, replacement = _minimal_change(doc.data, new.encode("utf-8", "surrogatepass"))
+    """The smallest single edit that applies suggestion `data["n"]` to the current text;
+    ValueError when the kernel's text changed since it was measured."""
+    kernel, number = str(data.get("kernel")), data.get("n")
+    unit = next((u for u in discovery.units(doc) if u.name == kernel), None)
+    offer = offered(ls, doc, unit) if unit is not None else sg.Offer([], [], [])
+    chosen = next((s for s in offer.suggestions if s.record.n == number), None)
+    if chosen is None:
+        raise ValueError(
+            f"HTAM: suggestion #{number} for {kernel} no longer applies: the kernel's text "
+            "changed since it was measured; run a step again"
+        )
+    text = doc.text
+    base = len(encode(text[: chosen.start]))
+    old, new = encode(text[chosen.start : chosen.end]), encode(chosen.new)
+    start, old_end, replacement = _minimal_change(old, new)
     edit = t.TextEdit(
-        range=ls.lsp_range(doc, start, old_end),
+        range=ls.lsp_range(doc, base + start, base + old_end),
         new_text=replacement.decode("utf-8", "surrogatepass"),
     )
-    return t.WorkspaceEdit(changes={doc.uri: [edit]})
+    return _workspace_edit(ls, doc, edit, chosen.record)
+
+
+def _workspace_edit(
+    ls: Any, doc: Document, edit: t.TextEdit, record: sg.StepRecord
+) -> t.WorkspaceEdit:
+    """The edit, as a change that asks for confirmation (VS Code opens its refactor
+    preview with the diff) where the client supports change annotations."""
+    if not (
+        ls.caps("workspace.workspace_edit.change_annotation_support")
+        and ls.caps("workspace.workspace_edit.document_changes")
+    ):
+        return t.WorkspaceEdit(changes={doc.uri: [edit]})
+    label = f"HTAM: {record.step.local_id} ({render.speedup(record.step.speedup)})"
+    annotated = t.AnnotatedTextEdit(annotation_id="htam", range=edit.range, new_text=edit.new_text)
+    return t.WorkspaceEdit(
+        document_changes=[
+            t.TextDocumentEdit(
+                t.OptionalVersionedTextDocumentIdentifier(doc.uri, doc.version), [annotated]
+            )
+        ],
+        change_annotations={
+            "htam": t.ChangeAnnotation(
+                label, needs_confirmation=True, description="a verified HTAM candidate"
+            )
+        },
+    )
 
 
 def _minimal_change(old: bytes, new: bytes) -> tuple[int, int, bytes]:
@@ -340,17 +430,17 @@ def blocked_reasons(ls: Any, doc: Document) -> dict[str, str]:
         reasons["all"] = "execution is not allowed: trust this workspace or opt in (allowExecution)"
     elif insight.backend(doc) == "cuda" and not insight.has_gpu():
         reasons["all"] = "no GPU on this machine: CUDA candidates cannot be verified or timed"
-    provider, why = _provider(ls)
-    if provider == "offline":
+    chosen, why = provider(ls)
+    if chosen == "offline":
         reasons["llm"] = f"no LLM configured: mechanical strategies only ({why})"
     return reasons
 
 
-def _provider(ls: Any) -> tuple[str, str]:
+def provider(ls: Any) -> tuple[str, str]:
     """The provider a step would use: the last job's word, else the settings and the
     server's environment (where editors put API keys), read without loading any SDK."""
     if ls.provider is not None:
-        return ls.provider.get("provider", ""), ls.provider.get("provider_reason", "")
+        return ls.provider.provider, ls.provider.provider_reason
     settings = ls.settings
     if settings.provider != "auto":
         return settings.provider, f"provider setting is {settings.provider}"

@@ -14,6 +14,8 @@ from htam_engine import parsing
 from htam_engine.parsing import KernelUnit as Unit
 from htam_lsp.documents import Document
 
+KERNEL_MARKERS = (b"@triton.jit", b"# htam: reference=")
+
 
 @dataclass(frozen=True)
 class Hint:
@@ -54,12 +56,22 @@ def kernel_around(doc: Document, offset: int) -> Unit | None:
 def _discover(doc: Document) -> list[Unit]:
     if doc.tree is None or doc.language is None:
         return []
-    return parsing.kernels(
+    found = parsing.kernels(
         doc.source,
         doc.language,
         tree=doc.tree,
         embedded_tree=lambda e: doc.embedded_tree(e.start_byte, e.end_byte, e.language),
     )
+    return found if doc.language != "python" or is_kernel_file(doc, found) else []
+
+
+def is_kernel_file(doc: Document, found: list[Unit]) -> bool:
+    """A Python file HTAM works on: one with an implementation (`ModelNew`, a load_inline /
+    load_cpp source, a Triton kernel) or bound by a directive. A reference (`Model` alone)
+    or any other `nn.Module` file gets nothing from HTAM: no lens, actions or hover."""
+    if any(u.kind != "model" or u.name == "ModelNew" for u in found):
+        return True
+    return any(marker in doc.source for marker in KERNEL_MARKERS)
 
 
 def hints(unit: Unit) -> list[Hint]:

@@ -1,7 +1,10 @@
 """Background jobs: one `htam optimize --events` subprocess per job, in its own group.
 
-The server's event loop only awaits pipes; the loop, compiles and timings all run in
-the subprocess, and cancelling a job kills the whole process group.
+The server's event loop only awaits pipes; the loop, compiles and timings all run in the
+subprocess. `JobManager` owns every job and the one way to stop one: SIGTERM to the job's
+process group (the engine then stops its worker and keeps what it learned), SIGKILL to
+the group and to every descendant's group after a grace period. How a job ended comes
+from the engine's own last event (`Result` or `Failed`), not from its exit code.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import os
 import shutil
@@ -21,10 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from htam_engine import events
+
 log = logging.getLogger(__name__)
 
 LINE_LIMIT = 32 * 1024 * 1024  # a step event carries the whole candidate source
 NICENESS = 19  # batch work: the editor wins any contention; idle CPUs still go to the job
+GRACE_S = 5.0  # between SIGTERM and SIGKILL
 TERMINAL = ("done", "failed", "cancelled", "refused")
 _ids = itertools.count(1)
 
@@ -42,14 +47,22 @@ class Job:
     phase: str = ""
     message: str = ""
     best_speedup: float | None = None
+    ref_speedup: float | None = None
+    suggestions: int = 0  # apply actions offered for the kernel when the job ended
     pid: int | None = None
     cancel_requested: bool = False
+    steps_done: int = 0
+    last: events.Result | events.Failed | None = None  # the engine's own ending
     task: asyncio.Task[None] | None = None
 
     @property
     def token(self) -> str:
         """The work-done progress token of this job."""
         return f"{self.id}-progress"
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL
 
     def payload(self) -> dict[str, Any]:
         """The `htam/jobState` notification body (docs/ARCHITECTURE.md)."""
@@ -63,11 +76,13 @@ class Job:
             "phase": self.phase,
             "message": self.message,
             "bestSpeedup": self.best_speedup,
+            "refSpeedup": self.ref_speedup,
+            "suggestions": self.suggestions,
             "pid": self.pid,
         }
 
 
-OnEvent = Callable[[Job, dict[str, Any]], Awaitable[None] | None]
+OnEvent = Callable[[Job, events.Event], Awaitable[None] | None]
 
 
 def optimize_argv(
@@ -90,8 +105,81 @@ def optimize_argv(
     return argv
 
 
+class JobManager:
+    """Every job of this server: create, run, stop; one cancellation protocol."""
+
+    def __init__(self, grace_s: float = GRACE_S) -> None:
+        self.jobs: dict[str, Job] = {}
+        self.grace_s = grace_s
+
+    def create(self, uri: str, kernel: str, steps: int) -> Job:
+        job = Job(uri, kernel, steps)
+        self.jobs[job.id] = job
+        return job
+
+    def active(self, uri: str) -> Job | None:
+        return next((j for j in self.jobs.values() if j.uri == uri and not j.finished), None)
+
+    def by_token(self, token: Any) -> Job | None:
+        return next((j for j in self.jobs.values() if j.token == token), None)
+
+    def cancel(self, job_id: str | None = None) -> list[Job]:
+        """Stop the running jobs (all of them, or the one with `job_id`)."""
+        chosen = [j for j in self.jobs.values() if not j.finished and job_id in (None, j.id)]
+        for job in chosen:
+            self.stop(job)
+        return chosen
+
+    def stop(self, job: Job) -> None:
+        """SIGTERM now, SIGKILL to everything that is left after the grace period."""
+        job.cancel_requested = True
+        if signal_group(job, signal.SIGTERM):
+            with contextlib.suppress(RuntimeError):  # no running loop: shutting down
+                asyncio.get_running_loop().call_later(self.grace_s, kill_group, job)
+
+    async def run(self, job: Job, argv: Sequence[str], on_event: OnEvent) -> None:
+        """Run the job's process to its end and set its final state and message."""
+        if job.cancel_requested:
+            code, tail = -signal.SIGTERM, ""
+        else:
+            job.state = "running"
+            code, tail = await run_process(job, argv, _recording(on_event))
+        job.state, job.message = ending(job, code, tail)
+
+
+def _recording(on_event: OnEvent) -> OnEvent:
+    """`on_event`, after keeping the facts the job's ending is decided by."""
+
+    def record(job: Job, event: events.Event) -> Awaitable[None] | None:
+        if isinstance(event, events.Result | events.Failed):
+            job.last = event
+        elif isinstance(event, events.Step):
+            job.steps_done += 1
+        return on_event(job, event)
+
+    return record
+
+
+def ending(job: Job, code: int, tail: str) -> tuple[str, str]:
+    """(state, message) of a job whose process ended with `code`: the engine's own word
+    (its `Failed` or `Result` event) first, the exit code and stderr only without one."""
+    last = job.last
+    if job.cancel_requested:
+        kept = f"; {job.steps_done} finished step(s) kept" if job.steps_done else ""
+        return "cancelled", f"cancelled; the worker was stopped{kept}"
+    if isinstance(last, events.Failed):
+        return "failed", last.message
+    if isinstance(last, events.Result):
+        if last.stopped != "completed" and job.steps_done == 0:
+            return "failed", last.stopped
+        return "done", job.message
+    lines = tail.strip().splitlines()
+    why = lines[-1] if lines else "no output"
+    return "failed", f"htam optimize ended without a result (exit code {code}): {why}"
+
+
 async def run_process(job: Job, argv: Sequence[str], on_event: OnEvent) -> tuple[int, str]:
-    """Run `argv` for `job`, feeding each JSON line to `on_event`; (exit code, stderr tail)."""
+    """Run `argv` for `job`, feeding each event line to `on_event`; (exit code, stderr tail)."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
@@ -119,8 +207,19 @@ async def run_process(job: Job, argv: Sequence[str], on_event: OnEvent) -> tuple
     return code, "\n".join(tail)
 
 
+def signal_group(job: Job, sig: int) -> bool:
+    """Send `sig` to the job's process group; False when it had already gone."""
+    if job.pid is None:
+        return False
+    try:
+        os.killpg(job.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def kill_group(job: Job) -> bool:
-    """Kill the job's process group and the groups of all its descendants.
+    """SIGKILL the job's process group and the groups of all its descendants.
 
     The evaluator runs each candidate in a worker with its own session, which a kill
     of the job's group alone would leave running. False when the job had already gone.
@@ -158,13 +257,13 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def _event(raw: bytes) -> dict[str, Any] | None:
+def _event(raw: bytes) -> events.Event | None:
+    """The typed event of one stdout line; anything else is logged and skipped."""
     try:
-        event = json.loads(raw)
-    except ValueError:
-        log.info("worker: %s", raw[:200].decode("utf-8", "replace").rstrip())
+        return events.parse_line(raw)
+    except events.EventError as error:
+        log.info("worker: %s (%s)", raw[:200].decode("utf-8", "replace").rstrip(), error)
         return None
-    return event if isinstance(event, dict) and "event" in event else None
 
 
 async def _drain(stream: asyncio.StreamReader, tail: deque[str]) -> None:

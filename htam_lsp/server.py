@@ -30,11 +30,11 @@ from pygls.exceptions import (  # noqa: E402
 )
 from pygls.lsp.server import LanguageServer  # noqa: E402
 
-from htam_engine import __version__, paths  # noqa: E402
-from htam_lsp import actions, discovery, insight, render  # noqa: E402
+from htam_engine import __version__, events  # noqa: E402
+from htam_lsp import actions, discovery, insight, runs, status  # noqa: E402
 from htam_lsp import suggestions as sg  # noqa: E402
-from htam_lsp.documents import Document, DocumentStore, uri_path  # noqa: E402
-from htam_lsp.jobs import TERMINAL, Job, kill_group, optimize_argv, run_process  # noqa: E402
+from htam_lsp.documents import Document, DocumentStore  # noqa: E402
+from htam_lsp.jobs import Job, JobManager  # noqa: E402
 from htam_lsp.positions import UTF16  # noqa: E402
 from htam_lsp.protocol import HtamProtocol, Prerendered  # noqa: E402
 from htam_lsp.settings import Settings  # noqa: E402
@@ -44,12 +44,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 JOB_STATE = "htam/jobState"
 DIAGNOSTIC_DELAY_S = 0.15
-PHASES = ("select", "generate", "compile", "verify", "time", "update")
-NOT_ALLOWED = (
-    "HTAM did not run anything: executing generated code is not allowed in this workspace. "
-    "VS Code: trust the workspace (Workspaces: Manage Workspace Trust). Neovim: set "
-    "init_options = { allowExecution = true } in vim.lsp.config('htam', ...)."
-)
 
 
 def guarded(default: Any = None) -> Callable[[F], F]:
@@ -101,9 +95,11 @@ class HtamServer(LanguageServer):
         )
         self.docs = DocumentStore()
         self.settings = Settings()
-        self.jobs: dict[str, Job] = {}
+        self.jobs = JobManager()
         self.records = sg.SuggestionStore(home)
-        self.provider: dict[str, Any] | None = None  # the last worker's "start" event
+        self.provider: events.Start | None = None  # the last worker's own word
+        self.problems: dict[str, list[str]] = {}  # ignored settings, by where they came from
+        self.client_name = ""  # clientInfo.name: advice in the client's own terms
         self.compile_errors: dict[str, tuple[str, int, str]] = {}  # uri -> (source, line, msg)
         self._graphs: dict[str, Any] = {}
         self._diagnostic_timers: dict[str, asyncio.TimerHandle] = {}
@@ -168,12 +164,9 @@ class HtamServer(LanguageServer):
     # --- jobs ----------------------------------------------------------------------------
 
     def publish_job(self, job: Job) -> None:
+        """The job's state to the client, which shows it (a refusal or failure with the
+        server's or the engine's own reason in `message`)."""
         self.protocol.notify(JOB_STATE, job.payload())
-
-    def active_job(self, uri: str) -> Job | None:
-        return next(
-            (j for j in self.jobs.values() if j.uri == uri and j.state not in TERMINAL), None
-        )
 
     def refresh_lenses(self) -> None:
         if self.caps("workspace.code_lens.refresh_support"):
@@ -216,6 +209,8 @@ server = HtamServer()
 @guarded()
 def initialize(ls: HtamServer, params: t.InitializeParams) -> None:
     ls.settings, problems = ls.settings.merged(params.initialization_options, may_allow=True)
+    ls.problems["initializationOptions"] = problems
+    ls.client_name = params.client_info.name if params.client_info else ""
     for problem in problems:
         log.warning("initializationOptions: %s", problem)
 
@@ -251,6 +246,7 @@ async def pull_configuration(ls: HtamServer) -> None:
 def apply_settings(ls: HtamServer, raw: Any) -> None:
     """Workspace settings: they may switch execution off, never on (see settings.py)."""
     ls.settings, problems = ls.settings.merged(raw, may_allow=False)
+    ls.problems["workspace settings"] = problems
     if problems:
         ls.show("HTAM settings ignored: " + "; ".join(problems), t.MessageType.Warning)
 
@@ -360,16 +356,15 @@ def _kind_matches(kind: str | None, wanted: str) -> bool:
 @server.feature(t.CODE_ACTION_RESOLVE)
 @guarded()
 def code_action_resolve(ls: HtamServer, action: t.CodeAction) -> t.CodeAction:
+    """The edit of a suggestion against the text as it is now: edits elsewhere in the
+    file since the action was listed are fine; an edit of the kernel is refused."""
     data = action.data if isinstance(action.data, dict) else {}
     doc = ls.document(data.get("uri"))
-    if doc.version != data.get("version"):
-        message = (
-            f"HTAM: this suggestion was computed for version {data.get('version')} of the "
-            f"document, which is now at version {doc.version}; ask for code actions again"
-        )
-        ls.show(message, t.MessageType.Warning)
-        raise JsonRpcContentModified(message)
-    action.edit = actions.suggestion_edit(ls, doc, data)
+    try:
+        action.edit = actions.suggestion_edit(ls, doc, data)
+    except ValueError as error:
+        ls.show(str(error), t.MessageType.Warning)
+        raise JsonRpcContentModified(str(error)) from None
     return action
 
 
@@ -394,6 +389,11 @@ def _position(arg: dict[str, Any]) -> t.Position | None:
     return t.Position(line, character)
 
 
+def start_job(ls: HtamServer, arg: dict[str, Any], steps: int) -> dict[str, Any]:
+    doc = ls.document(arg.get("uri"))
+    return runs.start(ls, doc, _unit(ls, doc, _position(arg)), steps)
+
+
 @server.command("htam.nextStep")
 @guarded()
 async def next_step(ls: HtamServer, *args: Any) -> dict[str, Any]:
@@ -414,10 +414,15 @@ async def optimize(ls: HtamServer, *args: Any) -> dict[str, Any]:
 @guarded()
 async def cancel(ls: HtamServer, *args: Any) -> dict[str, Any]:
     job_id = _argument(args).get("jobId")
-    chosen = [j for j in ls.jobs.values() if j.state not in TERMINAL and job_id in (None, j.id)]
-    for job in chosen:
-        cancel_job(job)
-    return {"cancelled": [j.id for j in chosen]}
+    return {"cancelled": [j.id for j in ls.jobs.cancel(job_id)]}
+
+
+@server.command("htam.status")
+@guarded()
+async def htam_status(ls: HtamServer, *args: Any) -> dict[str, Any]:
+    """What this server can do here and why (provider, GPU, compilers, sandbox,
+    execution, settings): the facts the editors' status bar and health check show."""
+    return await status.report(ls)
 
 
 @server.command("htam.explain")
@@ -451,184 +456,18 @@ def _unit(ls: HtamServer, doc: Document, position: t.Position | None) -> discove
     return unit
 
 
-# --- jobs -------------------------------------------------------------------------------
-
-
-def start_job(ls: HtamServer, arg: dict[str, Any], steps: int) -> dict[str, Any]:
-    """Create the job and return its id at once; the work happens in a background task."""
-    doc = ls.document(arg.get("uri"))
-    unit = _unit(ls, doc, _position(arg))
-    running = ls.active_job(doc.uri)
-    if running is not None:
-        return {"jobId": running.id, "state": running.state, "alreadyRunning": True}
-    job = Job(doc.uri, unit.name, steps)
-    ls.jobs[job.id] = job
-    why_not = _refusal(ls, doc)
-    if why_not:
-        job.state, job.message = "refused", why_not
-        ls.publish_job(job)
-        ls.show(why_not, t.MessageType.Warning)
-        return {"jobId": job.id, "state": job.state, "message": why_not}
-    ls.publish_job(job)
-    job.task = asyncio.create_task(run_job(ls, job, doc.data, uri_path(doc.uri) or ""))
-    return {"jobId": job.id, "state": job.state}
-
-
-def _refusal(ls: HtamServer, doc: Document) -> str | None:
-    if not ls.settings.allow_execution:
-        return NOT_ALLOWED
-    if uri_path(doc.uri) is None:
-        return f"HTAM runs on files on disk; {doc.uri} is not a file: URI"
-    if insight.needs_binding(doc):
-        return (
-            "HTAM: this .cu file is not bound to a reference; apply the quick fix "
-            "'bind to its reference' (or add an htam.toml [[kernel]] entry) first"
-        )
-    return None
-
-
-def cancel_job(job: Job) -> None:
-    job.cancel_requested = True
-    kill_group(job)
-
-
-async def run_job(ls: HtamServer, job: Job, data: bytes, task_path: str) -> None:
-    """Run one `htam optimize` subprocess for `job`, reporting progress and state."""
-    progress = await _begin_progress(ls, job)
-    start_hash = sg.text_hash(data)
-    buffer = paths.subdir("lsp-buffers") / f"{job.id}{Path(task_path).suffix}"
-    try:
-        buffer.write_bytes(data)
-        record = ls.records.get(job.uri, job.kernel)
-        argv = optimize_argv(
-            task_path,
-            str(buffer),
-            job.steps,
-            ls.settings,
-            seed=len((record or {}).get("history", [])),
-            output=str(paths.subdir("lsp-runs") / job.id),
-        )
-        job.state = "running"
-        ls.publish_job(job)
-        code, tail = (
-            (-9, "")
-            if job.cancel_requested
-            else await run_process(
-                job, argv, functools.partial(on_event, ls, start_hash=start_hash)
-            )
-        )
-        _finish(job, code, tail)
-    except Exception as error:  # the job fails; the server goes on
-        log.exception("job %s failed", job.id)
-        job.state, job.message = "failed", f"HTAM job failed: {error}"
-    finally:
-        buffer.unlink(missing_ok=True)
-    if progress:
-        ls.work_done_progress.end(job.token, t.WorkDoneProgressEnd(message=job.message))
-    ls.publish_job(job)
-    ls.refresh_lenses()
-    ls.schedule_diagnostics(job.uri)
-
-
-def _finish(job: Job, code: int, tail: str) -> None:
-    if job.cancel_requested:
-        job.state, job.message = "cancelled", "cancelled; the worker was stopped"
-    elif code == 0:
-        job.state = "done"
-    else:
-        job.state = "failed"
-        last = tail.strip().splitlines()[-1] if tail.strip() else job.message or "no output"
-        job.message = f"htam optimize failed (exit code {code}): {last}"
-
-
-async def _begin_progress(ls: HtamServer, job: Job) -> bool:
-    if not ls.caps("window.work_done_progress"):
-        return False
-    try:
-        await asyncio.wait_for(ls.work_done_progress.create_async(job.token), 5)
-    except Exception:
-        log.warning("the client did not create progress %s", job.token)
-        return False
-    ls.work_done_progress.begin(
-        job.token,
-        t.WorkDoneProgressBegin(
-            title=f"HTAM: {job.kernel}", cancellable=True, message="starting", percentage=0
-        ),
-    )
-    return True
-
-
-@guarded()
-def on_event(ls: HtamServer, job: Job, event: dict[str, Any], *, start_hash: str) -> None:
-    """One JSON-line event of the worker: update the job, the records and the client."""
-    kind = event.get("event")
-    if kind == "start":
-        ls.provider = event
-        job.message = f"provider: {event.get('provider_reason', event.get('provider'))}"
-    elif kind == "phase":
-        _on_phase(ls, job, event)
-    elif kind == "step":
-        _on_step(ls, job, event, start_hash)
-    elif kind == "result":
-        job.best_speedup = event.get("best_speedup")
-        job.message = (
-            f"best {render.speedup(event.get('best_speedup'))} over the start, "
-            f"{render.speedup(event.get('ref_speedup'))} vs PyTorch"
-        )
-    ls.publish_job(job)
-
-
-def _on_phase(ls: HtamServer, job: Job, event: dict[str, Any]) -> None:
-    job.step, job.phase = int(event.get("step") or 0), str(event.get("phase", ""))
-    move = f"{event.get('global', '')} -> {event.get('local', '')}".strip(" ->")
-    where = f"step {job.step}/{job.steps}" if job.step else "measuring the starting code"
-    job.message = f"{where}: {job.phase} {move}".strip()
-    if job.token in ls.work_done_progress.tokens:
-        done = PHASES.index(job.phase) if job.phase in PHASES else 0
-        percentage = int(100 * (max(job.step - 1, 0) + done / len(PHASES)) / job.steps)
-        ls.work_done_progress.report(
-            job.token, t.WorkDoneProgressReport(message=job.message, percentage=percentage)
-        )
-
-
-def _on_step(ls: HtamServer, job: Job, event: dict[str, Any], start_hash: str) -> None:
-    record = ls.records.get(job.uri, job.kernel)
-    number = len((record or {}).get("history", [])) + 1
-    ls.records.put(
-        job.uri, job.kernel, sg.add_step(record, sg.trim_step(event, start_hash, number))
-    )
-    verdict = event.get("verdict") or {}
-    error = verdict.get("error") or {}
-    if not verdict.get("compiled") and error.get("line"):
-        ls.compile_errors[job.uri] = (
-            str(event.get("source", "")),
-            int(error["line"]),
-            str(error.get("message", "")),
-        )
-    elif verdict.get("compiled"):
-        ls.compile_errors.pop(job.uri, None)
-    gain = event.get("speedup")
-    if verdict.get("correct") and gain is not None:
-        job.best_speedup = max(gain, job.best_speedup or 0.0)
-    ls.forget_graphs()
-    ls.refresh_lenses()
-    ls.schedule_diagnostics(job.uri)
-
-
 @server.feature(t.WINDOW_WORK_DONE_PROGRESS_CANCEL)
 @guarded()
 def progress_cancel(ls: HtamServer, params: t.WorkDoneProgressCancelParams) -> None:
-    for job in ls.jobs.values():
-        if job.token == params.token and job.state not in TERMINAL:
-            cancel_job(job)
+    job = ls.jobs.by_token(params.token)
+    if job is not None and not job.finished:
+        ls.jobs.stop(job)
 
 
 @server.feature(t.SHUTDOWN)
 @guarded()
 def shutdown(ls: HtamServer, params: Any) -> None:
-    for job in ls.jobs.values():
-        if job.state not in TERMINAL:
-            cancel_job(job)
+    ls.jobs.cancel()
 
 
 gc.freeze()

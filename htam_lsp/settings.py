@@ -14,6 +14,8 @@ from typing import Any
 PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
 DEVICES = ("auto", "cuda", "cpu")
 MAX_STEPS = 100
+CLIENT_KEYS = ("interpreter", "progress")  # settings of the editor extensions themselves
+MIN_SPEEDUP = 1.10  # an apply action only for a candidate at least this much faster
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,20 @@ class Settings:
     device: str = "auto"
     allow_execution: bool = False
     cassette: str | None = None
+    min_speedup: float = MIN_SPEEDUP
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings in effect, with the clients' key names (for `htam.status`)."""
+        return {
+            "provider": self.provider,
+            "model": self.model,
+            "baseUrl": self.base_url,
+            "steps": self.steps,
+            "device": self.device,
+            "allowExecution": self.allow_execution,
+            "cassette": self.cassette,
+            "minSpeedup": self.min_speedup,
+        }
 
     def merged(self, raw: Any, *, may_allow: bool) -> tuple[Settings, list[str]]:
         """These settings updated from a client dict; problems name each ignored value."""
@@ -43,7 +59,7 @@ class Settings:
 
 
 def _apply(key: str, value: Any, changes: dict[str, Any], may_allow: bool) -> str | None:
-    if value is None:
+    if value is None or key in CLIENT_KEYS:
         return None
     if key in ("provider", "device"):
         allowed = PROVIDERS if key == "provider" else DEVICES
@@ -58,10 +74,16 @@ def _apply(key: str, value: Any, changes: dict[str, Any], may_allow: bool) -> st
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_STEPS:
             return f"htam.steps: expected an integer from 1 to {MAX_STEPS}"
         changes["steps"] = value
+    elif key == "minSpeedup":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 100:
+            return "htam.minSpeedup: expected a number from 1 to 100 (e.g. 1.1 for 10% faster)"
+        changes["min_speedup"] = float(value)
     elif key == "allowExecution":
         if not isinstance(value, bool):
             return "htam.allowExecution: expected true or false"
         if value and not may_allow:
             return None  # only the client's initialization options can grant execution
         changes["allow_execution"] = value
+    else:
+        return f"htam.{key}: not a setting of htam-lsp"
     return None

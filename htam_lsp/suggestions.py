@@ -1,20 +1,26 @@
-"""What the server learned per kernel: the steps of its runs and their candidates.
+"""What the server learned per kernel: one record of each step, built from its `Step` event.
 
 Records live in the shared `MemoryStore` (namespace "lsp-suggestions", key
-"<uri>#<kernel>") so that suggestions and history survive a server restart. A
-record's suggestions belong to the text the runs started from (`start_hash`): when
-the document no longer has that text, its candidates are no longer offered.
+"<uri>#<kernel>") so that suggestions and history survive a server restart. Each
+`StepRecord` holds the engine's `events.Step` as it arrived (the candidate's source only
+for a correct one) and, for a correct candidate, its edit *anchored by text*: the part of
+the starting buffer the candidate changes, widened to the kernels it touches. A
+suggestion is offered while the document still holds that text exactly once, so edits
+elsewhere in the file keep it; an edit of the kernel itself drops it (and hover says so).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import re
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from htam_engine import events
 
 if TYPE_CHECKING:
     from htam_engine.memory import MemoryStore
@@ -23,7 +29,8 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "lsp-suggestions"
 HISTORY_LIMIT = 50
-_VERDICT_KEYS = (
+CONTEXT_LINES = 2  # around a change that touches no kernel
+VERDICT_KEYS = (
     "compiled",
     "correct",
     "runtime_ms",
@@ -34,11 +41,13 @@ _VERDICT_KEYS = (
     "suspect",
     "inputs_checked",
     "cached",
+    "sandbox",
 )
-
-
-def text_hash(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
+# Edits whose result holds only on this machine or changes floating-point results.
+NON_PORTABLE = {
+    "-march=native": re.compile(r"-march=native|-mtune=native"),
+    "fast-math": re.compile(r"fast[-_]math|-Ofast"),
+}
 
 
 def record_key(uri: str, kernel: str) -> str:
@@ -46,79 +55,182 @@ def record_key(uri: str, kernel: str) -> str:
 
 
 @dataclass(frozen=True)
+class Anchor:
+    """A candidate's change as text: `old` (in the starting buffer) becomes `new`."""
+
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One finished step of a kernel's history, as the editor keeps it."""
+
+    n: int  # 1, 2, ... over every run on this kernel
+    step: events.Step
+    time: float
+    anchor: Anchor | None = None  # set for a correct candidate that changes something
+
+    def to_json(self) -> dict[str, Any]:
+        anchor = {"old": self.anchor.old, "new": self.anchor.new} if self.anchor else None
+        return {
+            "n": self.n,
+            "time": self.time,
+            "anchor": anchor,
+            "event": events.to_json(self.step),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> StepRecord | None:
+        """The record, or None for one this version cannot read (logged, then skipped)."""
+        try:
+            step = events.from_json(data["event"])
+            raw = data.get("anchor")
+            anchor = Anchor(str(raw["old"]), str(raw["new"])) if raw else None
+            if not isinstance(step, events.Step):
+                raise events.EventError("not a step event")
+            return cls(int(data["n"]), step, float(data["time"]), anchor)
+        except (KeyError, TypeError, ValueError) as error:
+            log.info("skipped an HTAM step record this version cannot read: %s", error)
+            return None
+
+    # --- the verdict's numbers ----------------------------------------------------------
+
+    @property
+    def runtime_ms(self) -> float | None:
+        return _number(self.step.verdict.get("runtime_ms"))
+
+    @property
+    def start_ms(self) -> float | None:
+        """The starting code's runtime: the candidate's times its speedup over it."""
+        ms, gain = self.runtime_ms, self.step.speedup
+        return ms * gain if ms is not None and gain is not None else None
+
+    @property
+    def ref_ms(self) -> float | None:
+        return _number(self.step.verdict.get("ref_runtime_ms"))
+
+    @property
+    def inputs(self) -> int:
+        return int(self.step.verdict.get("inputs_checked") or 0)
+
+    @property
+    def non_portable(self) -> list[str]:
+        """What the candidate adds that holds only here (e.g. -march=native, fast-math)."""
+        if self.anchor is None:
+            return []
+        return [
+            label
+            for label, pattern in NON_PORTABLE.items()
+            if pattern.search(self.anchor.new) and not pattern.search(self.anchor.old)
+        ]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def trimmed(step: events.Step) -> events.Step:
+    """The part of a `Step` event worth keeping: the source only for a correct candidate."""
+    verdict = {k: step.verdict[k] for k in VERDICT_KEYS if k in step.verdict}
+    return replace(step, verdict=verdict, source=step.source if step.correct else "")
+
+
+def anchor(start: str, candidate: str, kernels: Sequence[tuple[int, int]]) -> Anchor | None:
+    """The candidate's change against `start`, widened to whole lines and to every kernel
+    range (character offsets in `start`) it touches, or to a few lines of context when it
+    touches none; widened further until the old text occurs once in `start`."""
+    if candidate == start or not candidate:
+        return None
+    prefix = len(_common_prefix(start, candidate))
+    suffix = len(_common_prefix(start[prefix:][::-1], candidate[prefix:][::-1]))
+    lo, hi = prefix, len(start) - suffix
+    touched = [(a, b) for a, b in kernels if a <= hi and lo <= b]
+    context = 0 if touched else CONTEXT_LINES
+    lo, hi = min([lo, *(a for a, _ in touched)]), max([hi, *(b for _, b in touched)])
+    while True:
+        a, b = _line_start(start, lo, context), _line_end(start, hi, context)
+        if start.count(start[a:b]) == 1 or (a == 0 and b == len(start)):
+            end = len(candidate) - (len(start) - b)
+            return Anchor(start[a:b], candidate[a:end])
+        context += 1
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    limit = min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _line_start(text: str, offset: int, extra: int) -> int:
+    start = text.rfind("\n", 0, offset) + 1
+    for _ in range(extra):
+        if start == 0:
+            break
+        start = text.rfind("\n", 0, start - 1) + 1
+    return start
+
+
+def _line_end(text: str, offset: int, extra: int) -> int:
+    ended = offset > 0 and text[offset - 1] == "\n"  # `offset` already ends a line
+    end = offset - 1 if ended else text.find("\n", offset)
+    for _ in range(extra):
+        if end == -1:
+            break
+        end = text.find("\n", end + 1)
+    return len(text) if end == -1 else end + 1
+
+
+@dataclass(frozen=True)
 class Suggestion:
-    """A verified candidate of one step, ready to become a code action."""
+    """A verified candidate that still applies to the document: replace start..end."""
 
-    index: int  # position in the record's history
-    global_id: str
-    local_id: str
-    speedup: float | None  # over the starting text
-    ref_speedup: float | None  # over the PyTorch reference
-    inputs: int
-    source: str
+    record: StepRecord
+    start: int  # character offsets of the anchor in the current text
+    end: int
 
-
-def trim_step(event: dict[str, Any], start_hash: str, number: int) -> dict[str, Any]:
-    """The part of a `step` event worth keeping; the source only for correct candidates."""
-    verdict = event.get("verdict") or {}
-    correct = bool(verdict.get("correct"))
-    return {
-        "n": number,
-        "step": event.get("step"),
-        "global": event.get("global", ""),
-        "local": event.get("local", ""),
-        "reason": event.get("reason", ""),
-        "status": event.get("status", ""),
-        "speedup": event.get("speedup"),
-        "decision": event.get("decision") or {},
-        "local_decision": event.get("local_decision") or {},
-        "verdict": {k: verdict.get(k) for k in _VERDICT_KEYS if k in verdict},
-        "source": event.get("source") if correct and event.get("source") else None,
-        "start_hash": start_hash,
-        "time": time.time(),
-    }
+    @property
+    def new(self) -> str:
+        assert self.record.anchor is not None
+        return self.record.anchor.new
 
 
-def add_step(record: dict[str, Any] | None, step: dict[str, Any]) -> dict[str, Any]:
-    """The record with `step` appended (older candidate sources dropped past the limit)."""
-    history = [*(record or {}).get("history", []), step][-HISTORY_LIMIT:]
-    return {**(record or {}), "history": history}
+@dataclass(frozen=True)
+class Offer:
+    """What a kernel's history offers the current text."""
+
+    suggestions: list[Suggestion]  # best per strategy, fastest first
+    dropped: list[StepRecord]  # would be offered, but the kernel's text changed
+    slower: list[StepRecord]  # correct, applicable, but under the threshold
 
 
-def suggestions(record: dict[str, Any] | None, current_hash: str) -> list[Suggestion]:
-    """Verified candidates for the current text, best per strategy, fastest first."""
+def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
+    """The suggestions of `history` for the current `text`: correct candidates whose
+    anchor is in the text once and whose speedup over their start clears `threshold`."""
     best: dict[str, Suggestion] = {}
-    for index, step in enumerate((record or {}).get("history", [])):
-        if step.get("start_hash") != current_hash or not step.get("source"):
+    dropped, slower = [], []
+    for record in history:
+        if record.anchor is None or not record.step.correct:
             continue
-        verdict = step.get("verdict", {})
-        candidate = Suggestion(
-            index=index,
-            global_id=step.get("global", ""),
-            local_id=step.get("local", ""),
-            speedup=step.get("speedup"),
-            ref_speedup=verdict.get("speedup"),
-            inputs=int(verdict.get("inputs_checked") or 0),
-            source=step["source"],
-        )
-        held = best.get(candidate.local_id)
-        if held is None or _rank(candidate) > _rank(held):
-            best[candidate.local_id] = candidate
-    return sorted(best.values(), key=_rank, reverse=True)
+        at = text.find(record.anchor.old)
+        if at < 0 or text.find(record.anchor.old, at + 1) >= 0:
+            dropped.append(record)
+            continue
+        if (record.step.speedup or 0.0) < threshold:
+            slower.append(record)
+            continue
+        found = Suggestion(record, at, at + len(record.anchor.old))
+        held = best.get(record.step.local_id)
+        if held is None or _rank(record) > _rank(held.record):
+            best[record.step.local_id] = found
+    ranked = sorted(best.values(), key=lambda s: _rank(s.record), reverse=True)
+    return Offer(ranked, dropped, slower)
 
 
-def _rank(s: Suggestion) -> float:
-    return s.speedup if s.speedup is not None else 0.0
-
-
-def best_speedup(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The history step with the largest measured speedup over its start, if any."""
-    measured = [
-        s
-        for s in (record or {}).get("history", [])
-        if s.get("speedup") and (s.get("verdict") or {}).get("correct")
-    ]
-    return max(measured, key=lambda s: s["speedup"]) if measured else None
+def _rank(record: StepRecord) -> float:
+    return record.step.speedup or 0.0
 
 
 class SuggestionStore:
@@ -134,7 +246,7 @@ class SuggestionStore:
         self._reader: MemoryStore | None = None
         self._writer: MemoryStore | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="htam-store")
-        self._cache: dict[str, dict[str, Any] | None] = {}
+        self._cache: dict[str, list[StepRecord]] = {}
 
     @property
     def store(self) -> MemoryStore:
@@ -145,17 +257,23 @@ class SuggestionStore:
             self._reader = MemoryStore(self._home)
         return self._reader
 
-    def get(self, uri: str, kernel: str) -> dict[str, Any] | None:
+    def history(self, uri: str, kernel: str) -> list[StepRecord]:
         key = record_key(uri, kernel)
         if key not in self._cache:
-            self._cache[key] = self.store.get(NAMESPACE, key)
+            raw = self.store.get(NAMESPACE, key)
+            steps = raw.get("history", []) if isinstance(raw, dict) else []
+            self._cache[key] = [r for r in map(StepRecord.from_json, steps) if r is not None]
         return self._cache[key]
 
-    def put(self, uri: str, kernel: str, record: dict[str, Any]) -> Future[None]:
-        """Update the cache now and the store in the writer thread."""
+    def add(self, uri: str, kernel: str, step: events.Step, anchor: Anchor | None) -> Future[None]:
+        """Append a step: the cache now, the store in the writer thread."""
+        history = self.history(uri, kernel)
+        number = history[-1].n + 1 if history else 1
+        record = StepRecord(number, trimmed(step), time.time(), anchor)
+        kept = [*history, record][-HISTORY_LIMIT:]
         key = record_key(uri, kernel)
-        self._cache[key] = record
-        return self._pool.submit(self._write, key, record)
+        self._cache[key] = kept
+        return self._pool.submit(self._write, key, {"history": [r.to_json() for r in kept]})
 
     def _write(self, key: str, record: dict[str, Any]) -> None:
         if self._writer is None:

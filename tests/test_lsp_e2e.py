@@ -17,6 +17,7 @@ from fixtures.lsp.lspkit import (
     HOME,
     REPO,
     apply_edits,
+    edits_of,
     find,
     initialize,
     live_processes,
@@ -25,12 +26,18 @@ from fixtures.lsp.lspkit import (
     wait_until,
 )
 from lsprotocol import types as t
-from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
 pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "softmax"
-OPTIONS = {"allowExecution": True, "provider": "offline", "device": "cpu", "steps": 3}
+# minSpeedup 1.0: on a busy 2-core machine a real win may measure under the 1.10x default.
+OPTIONS = {
+    "allowExecution": True,
+    "provider": "offline",
+    "device": "cpu",
+    "steps": 3,
+    "minSpeedup": 1.0,
+}
 TERMINAL = {"done", "failed", "cancelled", "refused"}
 
 
@@ -85,24 +92,23 @@ async def test_next_step_offers_measured_candidate(client: LanguageClient, task:
     actions = await _actions(client, uri, where)
     offered = [a for a in actions if (a.kind or "").startswith("refactor.rewrite.htam.")]
     assert offered, [a.title for a in actions]
-    assert "x measured, correct on 3 inputs" in offered[0].title
+    title = offered[0].title
+    assert "x faster than your code (" in title and "correct on 3 inputs" in title
+    assert all(a.data["speedup"] >= OPTIONS["minSpeedup"] for a in offered)  # type: ignore[index]
     assert offered[0].edit is None  # both clients resolve the edit lazily
+    assert final["suggestions"] == len(offered) and "faster than your code" in final["message"]
 
-    # A change to the document makes the offered action stale.
+    # An edit elsewhere (a comment above the class) keeps the action: it is re-anchored.
+    edited = text.replace("class ModelNew", "# edited elsewhere\nclass ModelNew")
     client.text_document_did_change(
         t.DidChangeTextDocumentParams(
             t.VersionedTextDocumentIdentifier(version=2, uri=uri),
-            [t.TextDocumentContentChangeWholeDocument(text)],
+            [t.TextDocumentContentChangeWholeDocument(edited)],
         )
     )
-    with pytest.raises(JsonRpcException, match="version"):
-        await client.code_action_resolve_async(offered[0])
-
-    fresh = [a for a in await _actions(client, uri, where) if a.title == offered[0].title]
-    resolved = await client.code_action_resolve_async(fresh[0])
-    edits = resolved.edit.changes[uri]  # type: ignore[union-attr, index]
-    applied = apply_edits(text, list(edits), encoding)
-    assert applied != text and "ModelNew" in applied
+    resolved = await client.code_action_resolve_async(offered[0])
+    applied = apply_edits(edited, edits_of(resolved.edit, uri), encoding)
+    assert applied != edited and "# edited elsewhere\nclass ModelNew" in applied
     client.text_document_did_change(
         t.DidChangeTextDocumentParams(
             t.VersionedTextDocumentIdentifier(version=3, uri=uri),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+from typing import Any
+
 import pytest
 import pytest_lsp
 from fixtures.lsp.lspkit import (
@@ -18,6 +22,7 @@ from lsprotocol import types as t
 from pytest_lsp import LanguageClient
 
 from htam_lsp.insight import has_gpu
+from htam_lsp.status import COMPILERS
 
 CU = FIXTURES / "cuda" / "vec_add.cu"
 BOUND = FIXTURES / "cuda" / "scale_bound.cu"
@@ -160,7 +165,8 @@ async def test_execution_refused_without_permission(client: LanguageClient):
     )
     assert answer is not None
     assert answer["state"] == "refused"
-    await wait_until(lambda: any("allowExecution" in m.message for m in client.messages))
+    advice = {"neovim": "allow_execution = true", "visual-studio-code": "trust the workspace"}
+    assert advice[client.spec] in answer["message"]  # type: ignore[attr-defined]
     actions = await client.text_document_code_action_async(
         t.CodeActionParams(
             t.TextDocumentIdentifier(uri),
@@ -260,3 +266,66 @@ async def test_auto_provider_without_keys_says_mechanical_only(client: LanguageC
     )
     reasons = [a.disabled.reason for a in found or [] if isinstance(a, t.CodeAction) and a.disabled]
     assert any("no API key or base URL in the environment" in r for r in reasons), reasons
+
+
+async def _run(client: LanguageClient, command: str, arg: dict[str, Any]) -> dict[str, Any]:
+    answer = await client.workspace_execute_command_async(t.ExecuteCommandParams(command, [arg]))
+    assert isinstance(answer, dict), answer
+    return answer
+
+
+async def test_cuda_without_a_gpu_is_refused_at_once_with_the_reason(client: LanguageClient):
+    """The server knows before starting that no CUDA candidate can run: it says so."""
+    spec = client.spec  # type: ignore[attr-defined]
+    await initialize(client, spec, {"allowExecution": True, "provider": "offline"})
+    uri = open_file(client, BOUND, "cuda")
+    answer = await _run(client, "htam.nextStep", {"uri": uri})
+    assert (answer["state"] == "refused") == (not has_gpu()), answer
+    if not has_gpu():
+        assert "CUDA kernel and no NVIDIA GPU here" in answer["message"]
+    client.workspace_did_change_configuration(
+        t.DidChangeConfigurationParams({"htam": {"device": "cpu"}})
+    )
+    forced = await _run(client, "htam.nextStep", {"uri": uri})
+    if forced.get("alreadyRunning"):  # a GPU machine: the first job is still going
+        await _run(client, "htam.cancel", {})
+        return
+    assert forced["state"] == "refused" and "device is set to cpu" in forced["message"]
+
+
+async def test_status_says_what_the_server_can_do_here(client: LanguageClient):
+    spec = client.spec  # type: ignore[attr-defined]
+    await initialize(client, spec, {"provider": "offline", "minSpeedup": 0.5, "colour": 1})
+    status = await _run(client, "htam.status", {})
+    assert status["provider"]["name"] == "offline" and status["provider"]["why"]
+    assert status["gpu"]["present"] == has_gpu()
+    assert status["device"]["name"] == ("cuda" if has_gpu() else "cpu")
+    assert status["compilers"] == {c: shutil.which(c) for c in COMPILERS}
+    assert status["sandbox"]["mode"] in ("bwrap", "none") and status["sandbox"]["why"]
+    assert status["execution"]["allowed"] is False
+    advice = {"neovim": "allow_execution = true", "visual-studio-code": "Workspace Trust"}
+    assert advice[spec] in status["execution"]["howToAllow"]
+    assert status["settings"]["minSpeedup"] == 1.1  # the bad value was not taken
+    problems = " ".join(status["problems"])
+    assert "htam.minSpeedup" in problems and "htam.colour" in problems
+
+
+async def test_plain_modules_and_references_get_nothing(client: LanguageClient, tmp_path: Path):
+    """HTAM attaches to kernel files only: no lens, action, hover or symbol elsewhere."""
+    await initialize(client, client.spec, {"allowExecution": True})  # type: ignore[attr-defined]
+    plain = tmp_path / "net.py"
+    plain.write_text(
+        "import torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        "    def forward(self, x):\n        return x * 2\n"
+    )
+    for path in (plain, INLINE.parent / "relu_ref.py"):
+        uri = open_file(client, path, "python")
+        where = t.Position(3, 8)
+        doc = t.TextDocumentIdentifier(uri)
+        lenses = await client.text_document_code_lens_async(t.CodeLensParams(doc))
+        actions = await client.text_document_code_action_async(
+            t.CodeActionParams(doc, t.Range(where, where), t.CodeActionContext([]))
+        )
+        hover = await client.text_document_hover_async(t.HoverParams(doc, where))
+        symbols = await client.text_document_document_symbol_async(t.DocumentSymbolParams(doc))
+        assert (list(lenses or []), list(actions or []), hover, symbols) == ([], [], None, [])

@@ -5,7 +5,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from htam_engine import events
+from htam_lsp import suggestions as sg
 from htam_lsp.actions import _minimal_change, map_line
+from htam_lsp.jobs import Job, ending
 from htam_lsp.positions import UTF8, UTF16, UTF32, LineIndex, encode
 from htam_lsp.settings import Settings
 
@@ -82,3 +85,62 @@ def test_settings_validation_and_execution_grant():
     assert not denied.allow_execution
     _, problems = Settings().merged("not an object", may_allow=True)
     assert problems
+
+
+KERNEL = "void k(float* x) {\n  x[0] = 1;\n}\n"
+FILE = f"// head\n{KERNEL}// between\n{KERNEL.replace('k(', 'h(')}// tail\n"
+
+
+@given(st.text(alphabet="ab\n", max_size=30), st.text(alphabet="abc\n", max_size=30))
+def test_anchor_rebuilds_the_candidate_from_text_found_once(start: str, candidate: str):
+    found = sg.anchor(start, candidate, [])
+    if found is None:
+        assert candidate in (start, "")
+        return
+    assert start.count(found.old) == 1 or found.old == start
+    at = start.find(found.old)
+    assert start[:at] + found.new + start[at + len(found.old) :] == candidate
+
+
+def test_anchor_widens_to_the_kernel_and_survives_edits_elsewhere():
+    k = FILE.index("void k")
+    kernel = (k, k + len(KERNEL))
+    candidate = FILE.replace("x[0] = 1;", "x[0] = 2;", 1)
+    found = sg.anchor(FILE, candidate, [kernel])
+    assert found is not None and found.old == KERNEL  # the whole kernel, not one line
+    record = sg.StepRecord(1, _step(1.5, candidate), 0.0, found)
+    elsewhere = FILE.replace("// tail", "// tail, edited")
+    offer = sg.offer([record], elsewhere, 1.1)
+    assert [s.record for s in offer.suggestions] == [record] and not offer.dropped
+    changed = FILE.replace("x[0] = 1;", "x[0] = 3;", 1)
+    assert sg.offer([record], changed, 1.1).dropped == [record]
+    assert sg.offer([record], FILE, 1.6).slower == [record]  # under the threshold
+
+
+def test_non_portable_edits_are_named():
+    old = 'extra_cflags=["-O3"]'
+    record = sg.StepRecord(
+        1, _step(1.3, ""), 0.0, sg.Anchor(old, 'extra_cflags=["-O3", "-march=native"]')
+    )
+    assert record.non_portable == ["-march=native"]
+    assert sg.StepRecord(1, _step(1.3, ""), 0.0, sg.Anchor(old, old)).non_portable == []
+
+
+def _step(speedup: float, source: str) -> events.Step:
+    verdict = {"compiled": True, "correct": True, "speedup": 2.0, "runtime_ms": 1.0}
+    return events.Step(1, "g", "l", "why", "improved", 0.5, speedup, verdict=verdict, source=source)
+
+
+def test_a_job_ends_with_the_engines_own_word():
+    job = Job("file:///k.cu", "k", 1)
+    job.last = events.Failed("no GPU here to run k.cu", "user_error")
+    assert ending(job, 1, "Traceback ...") == ("failed", "no GPU here to run k.cu")
+    job.last = events.Result("r", "k", False, None, None, 0, "cannot run: no GPU", "out")
+    assert ending(job, 1, "") == ("failed", "cannot run: no GPU")
+    job.steps_done, job.message = 1, "best 1.2x"
+    assert ending(job, 1, "") == ("done", "best 1.2x")  # not correct, but it measured a step
+    job.last = None
+    state, message = ending(job, -9, "last words\n")
+    assert state == "failed" and "exit code -9" in message and "last words" in message
+    job.cancel_requested = True
+    assert ending(job, -15, "")[0] == "cancelled"

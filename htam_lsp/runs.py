@@ -1,0 +1,198 @@
+"""A job as the editor sees it: why not, the unsaved buffer, progress, and each typed
+event of `htam optimize --events` turned into records, diagnostics and a last message.
+
+The process itself and its cancellation belong to `htam_lsp.jobs.JobManager`; `ls` is
+the `HtamServer` (typed loosely to avoid an import cycle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types as t
+
+from htam_engine import events, paths
+from htam_lsp import discovery, insight, render, status
+from htam_lsp import suggestions as sg
+from htam_lsp.documents import Document, uri_path
+from htam_lsp.jobs import Job, optimize_argv
+
+log = logging.getLogger(__name__)
+
+PHASES = ("select", "generate", "compile", "verify", "time", "update")
+
+
+@dataclass(frozen=True)
+class Start:
+    """The buffer a job starts from, and where its kernels were (character offsets)."""
+
+    text: str
+    kernels: list[tuple[int, int]]
+
+
+def start(ls: Any, doc: Document, unit: discovery.Unit, steps: int) -> dict[str, Any]:
+    """Create the job and return its id at once; the work happens in a background task."""
+    running = ls.jobs.active(doc.uri)
+    if running is not None:
+        return {"jobId": running.id, "state": running.state, "alreadyRunning": True}
+    job = ls.jobs.create(doc.uri, unit.name, steps)
+    why_not = refusal(ls, doc, unit)
+    if why_not:
+        job.state, job.message = "refused", why_not
+        ls.publish_job(job)
+        return {"jobId": job.id, "state": job.state, "message": why_not}
+    ls.publish_job(job)
+    begun = Start(doc.text, _kernel_ranges(doc))
+    job.task = asyncio.create_task(run(ls, job, doc.data, begun, uri_path(doc.uri) or ""))
+    return {"jobId": job.id, "state": job.state}
+
+
+def refusal(ls: Any, doc: Document, unit: discovery.Unit) -> str | None:
+    """Why a job on `unit` cannot run here, said before anything starts; else None."""
+    if not ls.settings.allow_execution:
+        return (
+            "HTAM did not run anything: executing generated code is not allowed in this "
+            f"workspace. To allow it: {status.how_to_allow(ls)}."
+        )
+    if uri_path(doc.uri) is None:
+        return f"HTAM runs on files on disk; {doc.uri} is not a file: URI"
+    if insight.needs_binding(doc):
+        return (
+            "HTAM: this .cu file is not bound to a reference; apply the quick fix "
+            "'bind to its reference' (or add an htam.toml [[kernel]] entry) first"
+        )
+    if insight.backend(doc) == "cuda" and (ls.settings.device == "cpu" or not insight.has_gpu()):
+        where = "device is set to cpu" if ls.settings.device == "cpu" else "no NVIDIA GPU here"
+        return (
+            f"HTAM did not start: {unit.name} is a CUDA kernel and {where} "
+            "(no /dev/nvidiactl, no nvidia-smi), so no candidate could be verified or timed. "
+            "Run HTAM on a machine with a GPU; here `htam eval` compile-checks it with nvcc."
+        )
+    return None
+
+
+def _kernel_ranges(doc: Document) -> list[tuple[int, int]]:
+    """The document's kernel units as character ranges of `doc.text`."""
+    data = doc.data
+
+    def chars(offset: int) -> int:
+        return len(data[:offset].decode("utf-8", "replace"))
+
+    return [(chars(u.start_byte), chars(u.end_byte)) for u in discovery.units(doc)]
+
+
+async def run(ls: Any, job: Job, data: bytes, begun: Start, task_path: str) -> None:
+    """Run one `htam optimize` subprocess for `job`, reporting progress and state."""
+    progress = await _begin_progress(ls, job)
+    buffer = paths.subdir("lsp-buffers") / f"{job.id}{Path(task_path).suffix}"
+    try:
+        buffer.write_bytes(data)  # the unsaved buffer is what the job optimizes
+        argv = optimize_argv(
+            task_path,
+            str(buffer),
+            job.steps,
+            ls.settings,
+            seed=len(ls.records.history(job.uri, job.kernel)),
+            output=str(paths.subdir("lsp-runs") / job.id),
+        )
+        job.state = "running"
+        ls.publish_job(job)
+        await ls.jobs.run(job, argv, functools.partial(on_event, ls, begun=begun))
+        if job.state == "done":
+            job.message = summary(ls, job)
+    except Exception as error:  # the job fails; the server goes on
+        log.exception("job %s failed", job.id)
+        job.state, job.message = "failed", f"HTAM job failed: {error}"
+    finally:
+        buffer.unlink(missing_ok=True)
+    if progress:
+        ls.work_done_progress.end(job.token, t.WorkDoneProgressEnd(message=job.message))
+    ls.publish_job(job)
+    ls.refresh_lenses()
+    ls.schedule_diagnostics(job.uri)
+
+
+def summary(ls: Any, job: Job) -> str:
+    """The last word of a finished job: what it found for the current text, with numbers."""
+    doc = ls.docs.get(job.uri)
+    history = ls.records.history(job.uri, job.kernel)
+    threshold = ls.settings.min_speedup
+    offer = sg.offer(history, doc.text if doc else "", threshold)
+    job.suggestions = len(offer.suggestions)
+    stopped = "" if not isinstance(job.last, events.Result) else job.last.stopped
+    tail = "" if stopped in ("", "completed") else f" (stopped: {stopped})"
+    if offer.suggestions:
+        best = offer.suggestions[0].record
+        return f"best {render.gain_text(best)}; apply it from the code actions{tail}"
+    fastest = max((r.step.speedup or 0.0 for r in offer.slower), default=None)
+    if fastest is not None:
+        return (
+            f"nothing to apply: no candidate was {threshold:.2f}x faster than your code "
+            f"(best {fastest:.2f}x){tail}"
+        )
+    return f"nothing to apply: no correct candidate this run{tail}"
+
+
+async def _begin_progress(ls: Any, job: Job) -> bool:
+    if not ls.caps("window.work_done_progress"):
+        return False
+    try:
+        await asyncio.wait_for(ls.work_done_progress.create_async(job.token), 5)
+    except Exception:
+        log.warning("the client did not create progress %s", job.token)
+        return False
+    ls.work_done_progress.begin(
+        job.token,
+        t.WorkDoneProgressBegin(
+            title=f"HTAM: {job.kernel}", cancellable=True, message="starting", percentage=0
+        ),
+    )
+    return True
+
+
+def on_event(ls: Any, job: Job, event: events.Event, *, begun: Start) -> None:
+    """One event of the worker: update the job, the records and the client."""
+    try:
+        if isinstance(event, events.Start):
+            ls.provider = event
+        elif isinstance(event, events.Phase):
+            _on_phase(ls, job, event)
+        elif isinstance(event, events.Step):
+            _on_step(ls, job, event, begun)
+        elif isinstance(event, events.Result):
+            job.best_speedup, job.ref_speedup = event.best_speedup, event.ref_speedup
+    except Exception:  # a bad event must not end the job's reading
+        log.exception("job %s: could not handle a %s event", job.id, event.kind)
+    if not isinstance(event, events.Result | events.Failed):
+        ls.publish_job(job)  # the final state follows when the process has ended
+
+
+def _on_phase(ls: Any, job: Job, event: events.Phase) -> None:
+    job.step, job.phase = event.step, event.phase
+    move = f"{event.global_id} -> {event.local_id}".strip(" ->")
+    where = f"step {job.step}/{job.steps}" if job.step else "measuring the starting code"
+    job.message = f"{where}: {job.phase} {move}".strip()
+    if job.token in ls.work_done_progress.tokens:
+        done = PHASES.index(job.phase) if job.phase in PHASES else 0
+        percentage = int(100 * (max(job.step - 1, 0) + done / len(PHASES)) / job.steps)
+        ls.work_done_progress.report(
+            job.token, t.WorkDoneProgressReport(message=job.message, percentage=percentage)
+        )
+
+
+def _on_step(ls: Any, job: Job, step: events.Step, begun: Start) -> None:
+    anchor = sg.anchor(begun.text, step.source, begun.kernels) if step.correct else None
+    ls.records.add(job.uri, job.kernel, step, anchor)
+    line = step.error.get("line")
+    if not step.compiled and isinstance(line, int):
+        ls.compile_errors[job.uri] = (step.source, line, str(step.error.get("message", "")))
+    elif step.compiled:
+        ls.compile_errors.pop(job.uri, None)
+    ls.forget_graphs()
+    ls.refresh_lenses()
+    ls.schedule_diagnostics(job.uri)

@@ -1,0 +1,100 @@
+"""`htam.status`: what this server can do on this machine, and why, as data.
+
+VS Code's status bar and Neovim's `:checkhealth htam` both show this answer instead of
+re-deriving it. The probes that start a process (the GPU's name, the evaluator's sandbox
+mode) run once, as subprocesses, so that the server never imports the evaluator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import sys
+from typing import Any
+
+from htam_engine import __version__
+from htam_lsp import actions, insight
+
+log = logging.getLogger(__name__)
+
+COMPILERS = ("nvcc", "g++")
+PROBE_S = 30.0
+SANDBOX_PROBE = "from htam_engine.evaluate.sandbox import sandbox_mode; print(sandbox_mode())"
+_probed: dict[str, str | None] = {}
+
+
+async def report(ls: Any) -> dict[str, Any]:
+    """The `htam.status` answer (docs/ARCHITECTURE.md, "Server protocol")."""
+    name, why = actions.provider(ls)
+    gpu = insight.has_gpu()
+    return {
+        "version": __version__,
+        "provider": {"name": name, "why": why},
+        "gpu": {"present": gpu, "name": await _gpu_name() if gpu else None},
+        "device": _device(ls.settings.device, gpu),
+        "compilers": {c: shutil.which(c) for c in COMPILERS},
+        "sandbox": await _sandbox(),
+        "execution": {"allowed": ls.settings.allow_execution, "howToAllow": how_to_allow(ls)},
+        "settings": ls.settings.to_json(),
+        "problems": [f"{where}: {p}" for where, found in ls.problems.items() for p in found],
+    }
+
+
+def _device(setting: str, gpu: bool) -> dict[str, str]:
+    if setting != "auto":
+        return {"name": setting, "why": f"the device setting is {setting}"}
+    if gpu:
+        return {"name": "cuda", "why": "auto: an NVIDIA GPU is present"}
+    return {"name": "cpu", "why": "auto: no NVIDIA GPU here; CUDA kernels cannot run"}
+
+
+def how_to_allow(ls: Any) -> str:
+    """How the user of this client allows execution, in the client's own terms."""
+    info = getattr(ls, "client_name", "") or ""
+    if "neovim" in info.lower() or "nvim" in info.lower():
+        return "require('htam').setup({ allow_execution = true })"
+    if "code" in info.lower():
+        return "trust the workspace (Workspaces: Manage Workspace Trust)"
+    return "start htam-lsp with initializationOptions { allowExecution: true }"
+
+
+async def _gpu_name() -> str | None:
+    if "gpu" not in _probed:
+        tool = shutil.which("nvidia-smi")
+        lines = (await _output([tool, "-L"])).splitlines() if tool else []
+        _probed["gpu"] = lines[0].strip() if lines else None
+    return _probed["gpu"]
+
+
+async def _sandbox() -> dict[str, str]:
+    """How candidates are isolated: the evaluator's own answer ("bwrap" or "none")."""
+    if "sandbox" not in _probed:
+        _probed["sandbox"] = (await _output([sys.executable, "-c", SANDBOX_PROBE])).strip()
+    mode = _probed["sandbox"] or "unknown"
+    why = {
+        "bwrap": "candidates run in a bubblewrap sandbox",
+        "none": "no bubblewrap here: candidates run as plain isolated processes",
+    }
+    return {"mode": mode, "why": why.get(mode, "the evaluator did not say")}
+
+
+async def _output(argv: list[str]) -> str:
+    """The stdout of a short probe; '' when it fails or takes too long."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+    except OSError as error:
+        log.info("probe %s failed: %s", argv[:2], error)
+        return ""
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), PROBE_S)
+    except TimeoutError:
+        proc.kill()
+        log.info("probe %s took over %s s", argv[:2], PROBE_S)
+        return ""
+    return out.decode("utf-8", "replace") if proc.returncode == 0 else ""
