@@ -16,7 +16,7 @@ import tree_sitter_cuda
 import tree_sitter_python
 from tree_sitter import Language, Node, Parser, Tree
 
-from htam_engine.vocabulary import LANGUAGES
+from htam_engine.vocabulary import BACKENDS, LANGUAGES
 
 SOURCE_KWARGS = {"cpp_sources": "cpp", "cuda_sources": "cuda"}
 LOADERS = ("load_inline", "load_cpp")
@@ -62,7 +62,9 @@ class KernelUnit:
 
     kind: "global" (a `__global__` kernel; `launchers` names the host functions that
     launch it), "host" (a host / extern "C" function), "model" (a Model/ModelNew class),
-    "module" (a load_inline / load_cpp call). `facts` is set for C++/CUDA functions.
+    "module" (a load_inline / load_cpp call), "triton" (a `@triton.jit` function with its
+    decorators; `launchers` names the Python functions that launch it). `facts` is set for
+    C++/CUDA functions.
     """
 
     name: str
@@ -77,8 +79,11 @@ class KernelUnit:
 
     @property
     def is_kernel(self) -> bool:
-        """A unit HTAM optimizes: a CUDA kernel, a Model class or a plain C++ (CPU) function."""
-        return self.kind in ("global", "model") or (self.kind == "host" and self.language == "cpp")
+        """A unit HTAM optimizes: a CUDA or Triton kernel, a Model class or a plain C++ (CPU)
+        function."""
+        if self.kind == "host":
+            return self.language == "cpp"
+        return self.kind in ("global", "model", "triton")
 
     def shifted(self, delta: int) -> KernelUnit:
         """The same unit, `delta` bytes further into the file (an embedded source's place)."""
@@ -443,6 +448,79 @@ def _python_unit(node: Node, kind: str, name_node: Node | None) -> KernelUnit:
     return KernelUnit(name, kind, "python", start, end, name_end - len(name.encode()), name_end)
 
 
+# --- Triton --------------------------------------------------------------------------
+
+TRITON_LANGUAGE = ("tl.", "triton.language.")  # how kernels name triton.language
+
+
+def decorator_name(decorator: Node) -> str:
+    """`triton.jit` for `@triton.jit` and `@triton.jit(debug=True)` alike."""
+    expression = decorator.named_children[0] if decorator.named_children else decorator
+    if expression.type == "call":
+        expression = expression.child_by_field_name("function") or expression
+    return text(expression)
+
+
+def _imports_jit_from_triton(root: Node) -> bool:
+    return any(
+        n.type == "import_from_statement"
+        and text(n.child_by_field_name("module_name")) == "triton"
+        and re.search(r"\bjit\b", text(n)) is not None
+        for n in root.children
+    )
+
+
+def triton_functions(root: Node) -> list[Node]:
+    """The decorated definitions that hold a `@triton.jit` (or `@jit` imported from
+    triton) function, wherever they are declared."""
+    jit_names = {"triton.jit", "jit"} if _imports_jit_from_triton(root) else {"triton.jit"}
+    return [
+        node
+        for node in walk(root)
+        if node.type == "decorated_definition"
+        and any(c.type == "decorator" and decorator_name(c) in jit_names for c in node.children)
+    ]
+
+
+def decorators(definition: Node) -> list[str]:
+    """The names of a decorated definition's decorators, outermost first."""
+    return [decorator_name(c) for c in definition.children if c.type == "decorator"]
+
+
+def _definition(decorated: Node) -> Node:
+    return decorated.child_by_field_name("definition") or decorated
+
+
+def launch_calls(root: Node, name: str) -> list[Node]:
+    """Launches `name[grid](...)` of a Triton kernel."""
+    return [
+        n
+        for n in walk(root)
+        if n.type == "call"
+        and (func := n.child_by_field_name("function")) is not None
+        and func.type == "subscript"
+        and text(func.child_by_field_name("value")).rsplit(".", 1)[-1] == name
+    ]
+
+
+def _enclosing_function(node: Node) -> str | None:
+    parent = node.parent
+    while parent is not None and parent.type != "function_definition":
+        parent = parent.parent
+    return None if parent is None else text(parent.child_by_field_name("name"))
+
+
+def _triton_units(root: Node) -> list[KernelUnit]:
+    units = []
+    for decorated in triton_functions(root):
+        name_node = _definition(decorated).child_by_field_name("name")
+        calls = launch_calls(root, text(name_node))
+        launchers = dict.fromkeys(f for c in calls if (f := _enclosing_function(c)))
+        unit = _python_unit(decorated, "triton", name_node)
+        units.append(replace(unit, launchers=tuple(launchers)))
+    return units
+
+
 EmbeddedTrees = Callable[[Embedded], Tree]
 
 
@@ -453,8 +531,8 @@ def kernels(
     embedded_tree: EmbeddedTrees | None = None,
 ) -> list[KernelUnit]:
     """Kernel units in document order with byte ranges in `source`: C++/CUDA functions
-    (wherever they are declared), or for Python the Model/ModelNew classes, the loader
-    calls and the functions of their embedded sources.
+    (wherever they are declared), or for Python the Model/ModelNew classes, the
+    `@triton.jit` functions, the loader calls and the functions of their embedded sources.
 
     `tree` is `source` already parsed and `embedded_tree` gives an embedded source's tree:
     the language server passes its incrementally maintained ones.
@@ -473,6 +551,7 @@ def kernels(
         _python_unit(call, "module", call.child_by_field_name("function"))
         for call in loader_calls(tree)
     ]
+    units += _triton_units(tree.root_node)
     for emb in embedded_sources(data):
         sub = embedded_tree(emb) if embedded_tree else parse(emb.text, emb.language)
         units += [u.shifted(emb.start_byte) for u in _cxx_kernels(sub.root_node, emb.language)]
@@ -597,11 +676,116 @@ def is_blocked(loop: Node) -> bool:
     return False
 
 
+def tl_calls(root: Node) -> list[tuple[str, Node]]:
+    """(name, call) for every `tl.NAME(...)` / `triton.language.NAME(...)` call."""
+    found = []
+    for node in walk(root):
+        if node.type == "call":
+            callee = text(node.child_by_field_name("function"))
+            prefix = next((p for p in TRITON_LANGUAGE if callee.startswith(p)), None)
+            if prefix is not None:
+                found.append((callee[len(prefix) :], node))
+    return found
+
+
+def _keyword_values(root: Node, keyword: str) -> list[str]:
+    """The text of every `keyword=value` argument under `root`."""
+    return [
+        text(n.child_by_field_name("value"))
+        for n in walk(root)
+        if n.type == "keyword_argument" and text(n.child_by_field_name("name")) == keyword
+    ]
+
+
+def _memory_tags(calls: list[tuple[str, Node]]) -> set[str]:
+    access = [(name, call) for name, call in calls if name in ("load", "store")]
+    if not access:
+        return set()
+    guarded = any(
+        call_argument(call, "mask", 1 if name == "load" else 2) is not None
+        or call_argument(call, "boundary_check") is not None
+        for name, call in access
+    )
+    hinted = any(_keyword_values(call, k) for _, call in access for k in EVICTION_KEYWORDS)
+    blocked = any(name in BLOCK_POINTERS for name, _ in calls)
+    tags = {"masked" if guarded else "unmasked", "block_ptr" if blocked else "no_block_ptr"}
+    return tags | ({"eviction_hints"} if hinted else set())
+
+
+def _is_ieee(dot: Node) -> bool:
+    precision = call_argument(dot, "input_precision")
+    allow = call_argument(dot, "allow_tf32")
+    return (precision is not None and text(precision).strip("\"'") == "ieee") or (
+        allow is not None and text(allow) == "False"
+    )
+
+
+def _dot_tags(kernels_: list[Node], calls: list[tuple[str, Node]]) -> set[str]:
+    dots = [call for name, call in calls if name == "dot"]
+    if not dots:
+        return set()
+    tags = {"tl_dot", "ieee_dot" if all(map(_is_ieee, dots)) else "tf32_dot"}
+    if any(any(n in dots for n in walk(loop)) for fn in kernels_ for loop in _py_loops(fn)):
+        tags.add("k_loop")
+    grouped = any(name == "swizzle2d" for name, _ in calls) or any(
+        re.search(r"\bGROUP\w*", text(fn.child_by_field_name("parameters")))
+        for fn in map(_definition, kernels_)
+    )
+    return tags | {"grouped_ordering" if grouped else "no_grouping"}
+
+
+def _py_loops(node: Node) -> list[Node]:
+    return [n for n in walk(node) if n.type in ("for_statement", "while_statement")]
+
+
+def _triton_loop_tags(kernels_: list[Node]) -> set[str]:
+    all_loops = [loop for fn in kernels_ for loop in _py_loops(fn)]
+    tags = {"loops"} if all_loops else set()
+    if any(len(_py_loops(loop)) > 1 for loop in all_loops):
+        tags.add("nested_loops")
+    if any("num_programs" in text(loop.child_by_field_name("right")) for loop in all_loops):
+        tags.add("persistent")
+    return tags
+
+
+def _launch_tags(root: Node, kernels_: list[Node]) -> set[str]:
+    tuned = any("triton.autotune" in decorators(k) for k in kernels_)
+    tags = {"autotune" if tuned else "no_autotune"}
+    tags.add("num_warps_set" if _keyword_values(root, "num_warps") else "default_warps")
+    tags.add("num_stages_set" if _keyword_values(root, "num_stages") else "default_stages")
+    return tags | ({"multiple_kernels"} if len(kernels_) > 1 else set())
+
+
+EVICTION_KEYWORDS = ("eviction_policy", "cache_modifier")
+BLOCK_POINTERS = ("make_block_ptr", "advance", "make_tensor_descriptor")
+TRITON_HALF = r"\b(tl|torch)\.(float16|bfloat16|half|float8\w*)\b|\.half\(\)"
+
+
+def _triton_tags(source: bytes) -> set[str]:
+    """Tags of the `@triton.jit` kernels in a Python file (or one kernel's text) and of
+    the launches and autotune configs around them."""
+    root = parse(source, "python").root_node
+    kernels_ = triton_functions(root)
+    if not kernels_:
+        return set()
+    calls = [c for k in kernels_ for c in tl_calls(k)]
+    tags = _memory_tags(calls) | _dot_tags(kernels_, calls) | _triton_loop_tags(kernels_)
+    tags |= _launch_tags(root, kernels_)
+    if any(name.startswith("atomic_") for name, _ in calls):
+        tags.add("atomics")
+    if re.search(TRITON_HALF, source.decode(errors="replace")):
+        tags.add("half_precision")
+    return tags
+
+
 def features(source: str | bytes, backend: str) -> set[str]:
     """Static feature tags (docs/ARCHITECTURE.md vocabulary) of a .py with embedded
-    sources or a raw .cu/.cpp file, for backend "cuda" or "cpu"."""
-    if backend not in ("cuda", "cpu"):
-        raise ValueError(f"unknown backend {backend!r}; expected 'cuda' or 'cpu'")
+    sources or a raw .cu/.cpp file (backend "cuda" or "cpu"), or of the `@triton.jit`
+    kernels of a .py (backend "triton")."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    if backend == "triton":
+        return _triton_tags(_as_bytes(source))
     texts, flags = _cxx_sources(_as_bytes(source), backend)
     return _cuda_tags(texts, flags) if backend == "cuda" else _cpu_tags(texts, flags)
 

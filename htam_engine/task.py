@@ -21,7 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from htam_engine import parsing
 from htam_engine.errors import UserError
+from htam_engine.vocabulary import Backend
 
 DIRECTIVE_LINES = 10
 _DIRECTIVE = re.compile(r"^\s*(?:#|//)\s*htam:\s*(?P<body>.*)$")
@@ -43,7 +45,7 @@ class Task:
     impl_source: str | None
     kind: Literal["py", "cu"]
     entry: str | None
-    backend: Literal["cuda", "cpu"]
+    backend: Backend
 
 
 def parse_directive(source: str) -> dict[str, str]:
@@ -56,10 +58,13 @@ def parse_directive(source: str) -> dict[str, str]:
     return {}
 
 
-def guess_backend(kind: str, impl_source: str | None) -> Literal["cuda", "cpu"]:
-    """`cuda` for a `.cu` or a `load_inline(cuda_sources=...)` implementation, else `cpu`."""
+def guess_backend(kind: str, impl_source: str | None) -> Backend:
+    """`cuda` for a `.cu`, `triton` for a `.py` with a `@triton.jit` kernel, `cuda` for a
+    `load_inline(cuda_sources=...)` implementation, else `cpu`."""
     if kind == "cu":
         return "cuda"
+    if impl_source and parsing.triton_functions(parsing.parse(impl_source, "python").root_node):
+        return "triton"
     if impl_source and "load_inline" in impl_source and "cuda_sources" in impl_source:
         return "cuda"
     return "cpu"

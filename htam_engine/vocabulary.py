@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal, get_args
 
-Backend = Literal["cuda", "cpu"]
+Backend = Literal["cuda", "cpu", "triton"]
 Device = Literal["cuda", "cpu"]
 Language = Literal["cuda", "cpp", "python"]
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
@@ -109,6 +109,33 @@ FEATURE_TAGS: dict[Backend, frozenset[str]] = {
             "nested_loops",
             "blocked_loops",
             "fixed_trip_loop",
+        }
+    ),  # fmt: skip
+    "triton": frozenset(
+        {
+            "masked",
+            "unmasked",
+            "tl_dot",
+            "tf32_dot",
+            "ieee_dot",
+            "k_loop",
+            "loops",
+            "nested_loops",
+            "autotune",
+            "no_autotune",
+            "num_warps_set",
+            "default_warps",
+            "num_stages_set",
+            "default_stages",
+            "block_ptr",
+            "no_block_ptr",
+            "grouped_ordering",
+            "no_grouping",
+            "eviction_hints",
+            "atomics",
+            "half_precision",
+            "multiple_kernels",
+            "persistent",
         }
     ),  # fmt: skip
 }

@@ -11,7 +11,7 @@ from htam_engine.memory import START, load_seed
 from htam_engine.strategies import REGISTRY
 from htam_engine.vocabulary import BACKENDS, state_tags
 
-MIN_COUNTS = {"cuda": (7, 35), "cpu": (5, 15)}
+MIN_COUNTS = {"cuda": (7, 35), "cpu": (5, 15), "triton": (6, 15)}
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
 
 
@@ -55,7 +55,9 @@ def test_mechanical_ids_are_registered_names_of_this_backend(backend: str) -> No
     graph = load_seed(backend)
     used = {n.mechanical for n in graph.locals.values() if n.mechanical}
     documented = {
-        w for w in _doc_section("Mechanical strategy ids") if w.startswith(("cuda.", "cpu."))
+        w
+        for w in _doc_section("Mechanical strategy ids")
+        if w.startswith(("cuda.", "cpu.", "triton."))
     }
     assert used <= set(REGISTRY) == documented
     assert all(m.startswith(f"{backend}.") for m in used)
