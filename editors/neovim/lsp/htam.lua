@@ -12,6 +12,9 @@ return {
     config.init_options = vim.tbl_extend('force', config.init_options or {}, htam)
     params.initializationOptions = config.init_options
   end,
+  on_exit = function(code, signal)
+    require('htam').on_exit(code, signal)
+  end,
   handlers = {
     ['htam/jobState'] = function(err, result, ctx)
       return require('htam.jobs').on_job_state(err, result, ctx)

@@ -22,6 +22,10 @@ command('HtamApply', function(a)
   htam().apply({ pick = a.bang })
 end, { bang = true, desc = 'HTAM: apply the best verified suggestion (! to pick one)' })
 
+command('HtamDiff', function()
+  htam().diff()
+end, { desc = 'HTAM: show the best verified suggestion as a diff, without applying it' })
+
 command('HtamExplain', function()
   htam().explain()
 end, { desc = 'HTAM: show the memory rationale in a floating window' })

@@ -41,12 +41,20 @@ H.run({
   {
     'htam-lsp attaches to the example kernel',
     function()
-      require('htam').setup({ provider = 'offline', device = 'cpu', allow_execution = true })
+      -- min_speedup 1.0: on a busy 2-core machine a real win may measure under 1.10x.
+      require('htam').setup({
+        provider = 'offline',
+        device = 'cpu',
+        allow_execution = true,
+        min_speedup = 1.0,
+      })
       vim.lsp.enable('htam')
       vim.cmd.edit(kernel)
       H.attached(30000)
-      original = H.buffer_text(0)
       H.truthy(vim.fn.search('class ModelNew') > 0, 'the kernel is in the file')
+      -- An unsaved edit: the job must optimize the buffer, not the file on disk.
+      vim.api.nvim_buf_set_lines(0, 0, 0, false, { '# unsaved edit' })
+      original = H.buffer_text(0)
     end,
   },
   {
@@ -67,6 +75,10 @@ H.run({
       local job = jobs.jobs[tostring(jobs.last)]
       H.eq('done', job.state, 'job state (message: ' .. tostring(job.message) .. ')')
       H.truthy(reports > 1, 'work-done progress was reported (' .. reports .. ' reports)')
+      local said = vim.tbl_filter(function(m)
+        return m.msg:find('HTAM:', 1, true) ~= nil
+      end, H.messages)
+      H.eq(1, #said, 'one message for the whole step: ' .. vim.inspect(said))
     end,
   },
   {
@@ -84,6 +96,7 @@ H.run({
         local new = vim.trim(edit.newText)
         H.truthy(text:find(new, 1, true), 'candidate text in the buffer:\n' .. new)
       end
+      H.truthy(vim.startswith(text, '# unsaved edit\n'), 'the unsaved edit is kept')
     end,
   },
   {
@@ -97,11 +110,23 @@ H.run({
     end,
   },
   {
-    ':checkhealth htam reports no error',
+    ':checkhealth htam shows what the real server can do here',
     function()
       local report = H.checkhealth()
       H.truthy(not report:find('ERROR', 1, true), 'no ERROR:\n' .. report)
       H.truthy(report:find('`htam_lsp` imports', 1, true), 'the server was checked:\n' .. report)
+      for _, line in ipairs({ 'LLM: none', 'sandbox: ', 'execution: allowed', 'g++: ' }) do
+        H.truthy(report:find(line, 1, true), ('%q in the report:\n%s'):format(line, report))
+      end
+    end,
+  },
+  {
+    'the server is the one validator: a bad value is reported by :checkhealth',
+    function()
+      require('htam').setup({ provider = 'gpt' })
+      local report = H.checkhealth()
+      local said = report:find("htam.provider: 'gpt' is not one of", 1, true)
+      H.truthy(said, 'the server names the bad setting:\n' .. report)
     end,
   },
 })

@@ -37,7 +37,9 @@ async def run_job(ls: LanguageServer, job_id: str, uri: str, steps: int) -> None
     ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message="done"))
     state["done"].add(uri)
     best = max(CANDIDATES.values())
-    ls.protocol.notify("htam/jobState", {**job, "state": "done", "bestSpeedup": best})
+    message = f"best {best:.2f}x faster than your code; apply it from the code actions"
+    done = {"state": "done", "bestSpeedup": best, "message": message, "suggestions": 2}
+    ls.protocol.notify("htam/jobState", {**job, **done})
 
 
 def start(ls: LanguageServer, args: dict[str, Any], steps: int) -> dict[str, str]:
@@ -72,6 +74,24 @@ def show_memory(ls: LanguageServer, args: dict[str, Any]) -> dict[str, Any]:
     return {"markdown": f"# HTAM memory\n\nbackend: {args.get('backend', 'all')}", "memory": {}}
 
 
+@server.command("htam.status")
+def status(ls: LanguageServer, *args: Any) -> dict[str, Any]:
+    """The shape of htam-lsp's answer, with this fixture's values."""
+    init = state["init"] or {}
+    return {
+        "provider": {"name": init.get("provider", "auto"), "why": "provider setting"},
+        "gpu": {"present": False, "name": None},
+        "device": {"name": "cpu", "why": "auto: no NVIDIA GPU here"},
+        "compilers": {"nvcc": None, "g++": "/usr/bin/g++"},
+        "sandbox": {"mode": "none", "why": "no bubblewrap here"},
+        "execution": {
+            "allowed": bool(init.get("allowExecution")),
+            "howToAllow": "require('htam').setup({ allow_execution = true })",
+        },
+        "problems": [],
+    }
+
+
 @server.command("fixture.state")
 def fixture_state(ls: LanguageServer) -> dict[str, Any]:
     return {"init": state["init"], "cancelled": state["cancelled"]}
@@ -87,9 +107,9 @@ def code_actions(ls: LanguageServer, params: types.CodeActionParams) -> list[typ
         return []
     return [
         types.CodeAction(
-            title=f"HTAM: apply Parallelism -> {name} ({speedup:.2f}x measured, correct)",
+            title=f"HTAM: apply Parallelism -> {name}: {speedup:.2f}x faster, correct",
             kind=f"{KIND}.{name}",
-            data={"uri": uri, "name": name},
+            data={"uri": uri, "name": name, "speedup": speedup},
         )
         for name, speedup in CANDIDATES.items()
     ]

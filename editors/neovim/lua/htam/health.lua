@@ -1,6 +1,4 @@
 --- `:checkhealth htam`
-local config = require('htam.config')
-
 local M = {}
 
 local h = vim.health
@@ -48,14 +46,6 @@ local function python_of(exe)
     return resolve(words[1])
   end
   return resolve('python3')
-end
-
----@param env? table<string, string>
----@param name string
----@return string?
-local function getenv(env, name)
-  local value = (env and env[name]) or vim.env[name]
-  return (value ~= nil and value ~= '') and value or nil
 end
 
 local function check_neovim()
@@ -124,78 +114,68 @@ local function check_server(cfg)
   end
 end
 
--- Where each provider finds its credentials or endpoint (values are never shown).
-local SOURCES = {
-  anthropic = { 'ANTHROPIC_API_KEY' },
-  openai = { 'OPENAI_API_KEY', 'HTAM_LLM_BASE_URL', 'base_url' },
-  auto = { 'ANTHROPIC_API_KEY', 'OPENAI_API_KEY', 'HTAM_LLM_BASE_URL', 'base_url' },
-}
-
----@param o htam.Options
----@param env? table<string, string>
----@return 'ok'|'warn'|'error' level, string message, string? advice
-local function provider_status(o, env)
-  if o.provider == 'offline' then
-    return 'ok', 'offline: mechanical strategies only, no LLM'
+--- The server's own `htam.status` (a running client's, else nil and why).
+---@return table?, string?
+local function server_status()
+  local client = vim.lsp.get_clients({ name = 'htam' })[1]
+  if not client then
+    return nil, 'no htam-lsp is running: open a kernel file to see what it can do here'
   end
-  if o.provider == 'replay' then
-    if not o.cassette then
-      return 'error', 'provider = "replay" needs a cassette', "setup({ cassette = 'run.jsonl' })"
-    end
-    if vim.fn.filereadable(vim.fn.fnamemodify(o.cassette, ':p')) == 0 then
-      return 'error', ('the cassette %s is not readable'):format(o.cassette)
-    end
-    return 'ok', 'replay from ' .. o.cassette
+  local params = { command = 'htam.status', arguments = { vim.empty_dict() } }
+  local reply, err = client:request_sync('workspace/executeCommand', params, 40000)
+  if not reply or reply.err or type(reply.result) ~= 'table' then
+    local why = err or (reply and reply.err and reply.err.message) or 'no answer'
+    return nil, 'htam-lsp did not answer htam.status: ' .. tostring(why)
   end
-  local found = vim.tbl_filter(function(name)
-    return (name == 'base_url' and o.base_url) or getenv(env, name) ~= nil
-  end, SOURCES[o.provider])
-  local model = o.model and (' (' .. o.model .. ')') or ''
-  if #found > 0 then
-    return 'ok', ('%s%s: %s set'):format(o.provider, model, table.concat(found, ', '))
-  end
-  local wanted = table.concat(SOURCES[o.provider], ' or ')
-  if o.provider == 'auto' then
-    return 'warn', 'auto: no LLM configured, so only mechanical strategies run', 'set ' .. wanted
-  end
-  return 'error', ('provider = "%s" but none of %s is set'):format(o.provider, wanted)
+  return reply.result
 end
 
----@param env? table<string, string>
-local function check_provider(env)
-  h.start('LLM provider')
-  local level, message, advice = provider_status(config.options, env)
-  h[level](message, advice)
+---@param value any
+---@return string?
+local function text(value)
+  return (type(value) == 'string' and value ~= '') and value or nil
 end
 
-local function check_device()
-  h.start('Device')
-  local device = config.options.device
-  local gpu
-  if vim.fn.executable('nvidia-smi') == 1 then
-    local run = vim.system({ 'nvidia-smi', '-L' }, { text = true }):wait(10000)
-    if run.code == 0 and vim.trim(run.stdout or '') ~= '' then
-      gpu = vim.split(vim.trim(run.stdout), '\n')[1]
-    end
-  end
-  if gpu then
-    h.ok(('GPU: %s (device = %s)'):format(gpu, device))
-  elseif device == 'cuda' then
-    h.error('device = "cuda" but nvidia-smi finds no NVIDIA GPU', 'use device = "auto" or "cpu"')
+---@param s table the htam.status answer
+local function report_status(s)
+  local provider = s.provider or {}
+  if provider.name == 'offline' then
+    h.warn(('LLM: none, mechanical strategies only (%s)'):format(provider.why or ''))
   else
-    h.ok(('no GPU found: candidates are evaluated on the CPU (device = %s)'):format(device))
+    h.ok(('LLM: %s (%s)'):format(provider.name or '?', provider.why or ''))
+  end
+  local gpu, device = s.gpu or {}, s.device or {}
+  local found = gpu.present and ('GPU: ' .. (text(gpu.name) or 'present')) or 'no NVIDIA GPU'
+  h.info(('%s; candidates run on %s (%s)'):format(found, device.name or '?', device.why or ''))
+  for _, compiler in ipairs({ 'nvcc', 'g++' }) do
+    local path = text((s.compilers or {})[compiler])
+    if path then
+      h.ok(('%s: %s'):format(compiler, path))
+    else
+      h.warn(('%s not found on the server\'s PATH'):format(compiler))
+    end
+  end
+  local sandbox = s.sandbox or {}
+  local level = sandbox.mode == 'bwrap' and 'ok' or 'warn'
+  h[level](('sandbox: %s (%s)'):format(sandbox.mode or '?', sandbox.why or ''))
+  local execution = s.execution or {}
+  if execution.allowed then
+    h.ok('execution: allowed (candidates are compiled and run)')
+  else
+    h.warn('execution: off, nothing generated runs', 'to allow it: ' .. (execution.howToAllow or '?'))
+  end
+  for _, problem in ipairs(s.problems or {}) do
+    h.error('setting ignored by the server: ' .. problem)
   end
 end
 
-local function check_execution()
-  h.start('Execution')
-  if config.options.allow_execution then
-    h.ok('allowed: generated code is compiled and run in isolated workers')
+local function check_status()
+  h.start('What htam-lsp can do here (htam.status)')
+  local s, why = server_status()
+  if s then
+    report_status(s)
   else
-    h.warn(
-      'off: :HtamNext and :HtamOptimize refuse to run generated code',
-      "opt in with require('htam').setup({ allow_execution = true })"
-    )
+    h.info(why)
   end
 end
 
@@ -203,9 +183,7 @@ function M.check()
   local cfg = vim.lsp.config.htam or {}
   check_neovim()
   check_server(cfg)
-  check_provider(cfg.cmd_env)
-  check_device()
-  check_execution()
+  check_status()
 end
 
 return M

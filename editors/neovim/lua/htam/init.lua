@@ -75,6 +75,35 @@ function M.setup(opts)
   return true
 end
 
+--- Why no HTAM client is attached, in plain words.
+---@return string
+local function why_no_client()
+  if not vim.lsp.is_enabled(NAME) then
+    return "the language server is not enabled: add vim.lsp.enable('htam') to your config"
+  end
+  local cmd = (vim.lsp.config[NAME] or {}).cmd
+  if type(cmd) == 'table' and type(cmd[1]) == 'string' and vim.fn.executable(cmd[1]) == 0 then
+    return ('the language server cannot start: `%s` is not an executable on $PATH '
+      .. '(pip install htam, or setup({ cmd = { "/path/to/htam-lsp" } })); :checkhealth htam'):format(
+      cmd[1]
+    )
+  end
+  local exit = M.server_exit
+  if exit and exit.code ~= 0 then
+    return ('htam-lsp exited with code %d%s; :checkhealth htam and :LspLog say why'):format(
+      exit.code,
+      exit.signal ~= 0 and (' (signal %d)'):format(exit.signal) or ''
+    )
+  end
+  local ft = vim.bo.filetype
+  if ft ~= 'cuda' and ft ~= 'python' then
+    return ('htam-lsp works on CUDA (.cu) and Python kernel files, not on %s'):format(
+      ft ~= '' and ft or 'this buffer'
+    )
+  end
+  return 'htam-lsp is not attached to this buffer yet: try again in a moment'
+end
+
 --- The HTAM client of the current buffer; says why when there is none.
 ---@param any_buffer? boolean accept a client attached to another buffer
 ---@return vim.lsp.Client?
@@ -84,11 +113,14 @@ local function get_client(any_buffer)
   if client then
     return client
   end
-  if not vim.lsp.is_enabled(NAME) then
-    say("the language server is not enabled: add vim.lsp.enable('htam') to your config", WARN)
-  else
-    say('htam-lsp is not attached to this buffer: open a CUDA (.cu) or Python kernel file', WARN)
-  end
+  say(why_no_client(), WARN)
+end
+
+--- Remember how the server process ended (the `on_exit` of lsp/htam.lua).
+---@param code integer
+---@param signal integer
+function M.on_exit(code, signal)
+  M.server_exit = { code = code, signal = signal }
 end
 
 ---@param client vim.lsp.Client
@@ -142,9 +174,7 @@ local function start_job(command, extra)
     jobs.started(result.jobId, args.uri)
     if result.alreadyRunning then
       say(('job %s is already running for this file; :HtamCancel stops it'):format(result.jobId))
-    elseif result.state ~= 'refused' then -- a refusal is reported by its htam/jobState
-      say(('job %s started'):format(result.jobId))
-    end
+    end -- otherwise quiet: one message when the job ends (htam/jobState)
   end)
 end
 
@@ -177,10 +207,12 @@ local function is_suggestion(action)
     and action.disabled == nil
 end
 
----@param title string
+--- The measured speedup the server put in the action's data (never read from titles).
+---@param action lsp.CodeAction
 ---@return number
-local function measured(title)
-  return tonumber(title:match('([%d.]+)x measured')) or 0
+local function measured(action)
+  local data = type(action.data) == 'table' and action.data or {}
+  return type(data.speedup) == 'number' and data.speedup or 0
 end
 
 --- The preferred action, else the one with the highest measured speedup.
@@ -193,7 +225,7 @@ local function best_of(actions)
       best = action
     elseif
       (action.isPreferred or false) == (best.isPreferred or false)
-      and measured(action.title) > measured(best.title)
+      and measured(action) > measured(best)
     then
       best = action
     end
@@ -201,14 +233,9 @@ local function best_of(actions)
   return best
 end
 
---- Apply the best verified suggestion at the cursor (`:HtamApply`), or pick one
---- from a menu (`:HtamApply!`).
----@param opts? { pick?: boolean }
-function M.apply(opts)
-  local client = get_client()
-  if not client then
-    return
-  end
+---@param client vim.lsp.Client
+---@param on_actions fun(actions: lsp.CodeAction[], bufnr: integer)
+local function suggestions(client, on_actions)
   local bufnr = vim.api.nvim_get_current_buf()
   local params = vim.lsp.util.make_range_params(0, client.offset_encoding) --[[@as table]]
   params.context = { only = { KIND }, diagnostics = {}, triggerKind = 1 }
@@ -219,13 +246,24 @@ function M.apply(opts)
     end
     local actions = vim.tbl_filter(is_suggestion, result or {})
     if #actions == 0 then
-      say('no verified suggestion here yet: run :HtamNext first', WARN)
-      return
+      say('nothing to apply here: no candidate is verified and faster yet (:HtamNext)', WARN)
+    elseif vim.api.nvim_get_current_buf() ~= bufnr then
+      say('the buffer changed before the suggestions arrived; try again', WARN)
+    else
+      on_actions(actions, bufnr)
     end
-    if vim.api.nvim_get_current_buf() ~= bufnr then
-      say('the buffer changed before the suggestions arrived; run :HtamApply again', WARN)
-      return
-    end
+  end, bufnr)
+end
+
+--- Apply the best verified suggestion at the cursor (`:HtamApply`), or pick one
+--- from a menu (`:HtamApply!`).
+---@param opts? { pick?: boolean }
+function M.apply(opts)
+  local client = get_client()
+  if not client then
+    return
+  end
+  suggestions(client, function(actions)
     local chosen = not (opts and opts.pick) and best_of(actions) or nil
     vim.lsp.buf.code_action({
       context = { only = { KIND }, diagnostics = {} },
@@ -234,7 +272,46 @@ function M.apply(opts)
       end,
       apply = chosen ~= nil,
     })
-  end, bufnr)
+  end)
+end
+
+--- The text edits of a resolved action for `uri` (`changes` or `documentChanges`).
+---@param edit lsp.WorkspaceEdit
+---@param uri string
+---@return lsp.TextEdit[]
+local function edits_for(edit, uri)
+  if edit.changes and edit.changes[uri] then
+    return edit.changes[uri]
+  end
+  local found = {}
+  for _, change in ipairs(edit.documentChanges or {}) do
+    if change.textDocument and change.textDocument.uri == uri then
+      vim.list_extend(found, change.edits)
+    end
+  end
+  return found
+end
+
+--- Show the best suggestion as a diff against the buffer (`:HtamDiff`), without applying
+--- it: a scratch buffer with the suggested text, diffed with the kernel's window.
+function M.diff()
+  local client = get_client()
+  if not client then
+    return
+  end
+  suggestions(client, function(actions, bufnr)
+    local chosen = best_of(actions)
+    client:request('codeAction/resolve', chosen, function(err, resolved)
+      if err or not (resolved and resolved.edit) then
+        say('the suggestion no longer applies: ' .. (err and err.message or 'no edit'), WARN)
+        return
+      end
+      local uri = vim.uri_from_bufnr(bufnr)
+      local scratch = ui.suggested(bufnr, edits_for(resolved.edit, uri), client.offset_encoding)
+      say(('%s: :HtamApply applies it, :diffoff! | close leaves it'):format(chosen.title))
+      return scratch
+    end, bufnr)
+  end)
 end
 
 ---@param client vim.lsp.Client

@@ -15,6 +15,8 @@ local TERMINAL = { done = true, failed = true, cancelled = true, refused = true 
 ---@field phase? string
 ---@field message? string
 ---@field bestSpeedup? number
+---@field refSpeedup? number
+---@field suggestions? integer apply actions offered when the job ended
 
 ---@type table<string, htam.Job>
 M.jobs = {}
@@ -26,9 +28,7 @@ M.last = nil
 ---@param msg string
 ---@param level? integer
 local function notify(msg, level)
-  if config.options.progress or (level or 0) >= vim.log.levels.WARN then
-    vim.notify('HTAM: ' .. msg, level or vim.log.levels.INFO, { title = 'htam' })
-  end
+  vim.notify('HTAM: ' .. msg, level or vim.log.levels.INFO, { title = 'htam' })
 end
 
 ---@param job htam.Job
@@ -36,28 +36,26 @@ local function where(job)
   return job.kernel or (job.uri and vim.fs.basename(vim.uri_to_fname(job.uri))) or 'kernel'
 end
 
+local LEVELS = {
+  done = vim.log.levels.INFO,
+  cancelled = vim.log.levels.INFO,
+  refused = vim.log.levels.WARN,
+  failed = vim.log.levels.ERROR,
+}
+
+--- One message when a job ends, in the server's words (it knows why); nothing before.
 ---@param job htam.Job
 local function report(job)
-  local state = job.state
-  if state == 'done' then
-    local best = job.bestSpeedup
-    local summary = 'no verified candidate yet'
-    if type(best) == 'number' and best > 1 then
-      summary = ('best %.2fx measured; :HtamApply applies it'):format(best)
-    elseif type(best) == 'number' then
-      summary = ('nothing faster yet (best %.2fx)'):format(best)
-    end
-    notify(('%s done: %s; :HtamExplain says why'):format(where(job), summary))
-  elseif state == 'failed' then
-    local why = job.message or 'no reason given'
-    notify(('%s failed: %s'):format(where(job), why), vim.log.levels.ERROR)
-  elseif state == 'refused' then
-    notify(('the server refused: %s'):format(job.message or 'no reason given'), vim.log.levels.WARN)
-  elseif state == 'cancelled' then
-    notify(('%s cancelled'):format(where(job)))
-  else
-    notify(('%s %s'):format(where(job), state))
+  local level = LEVELS[job.state]
+  if not level then
+    return
   end
+  local why = job.message ~= nil and job.message ~= '' and job.message or job.state
+  local next_step = ''
+  if job.state == 'done' and (job.suggestions or 0) > 0 then
+    next_step = ' :HtamApply applies it (:HtamDiff shows it first).'
+  end
+  notify(('%s %s: %s.%s'):format(where(job), job.state, why, next_step), level)
 end
 
 --- Remember a job started by a command (its state arrives by notification).
@@ -92,11 +90,12 @@ function M.on_job_state(_, result, _)
   vim.api.nvim_exec_autocmds('User', { pattern = 'HtamJobState', modeline = false, data = job })
 end
 
---- Show the server's work-done progress (the `LspProgress` autocmd calls this).
+--- Phase-by-phase progress (the `LspProgress` autocmd calls this): shown only with
+--- `progress = true`; otherwise it is left to the user's progress plugin.
 ---@param params { token: any, value: table }
 function M.on_progress(params)
   local value = params and params.value
-  if type(value) ~= 'table' or value.kind == 'end' then
+  if not config.options.progress or type(value) ~= 'table' or value.kind == 'end' then
     return
   end
   -- Titles such as "HTAM: softmax" repeat the prefix that notify() adds.

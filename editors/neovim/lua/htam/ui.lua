@@ -38,4 +38,32 @@ function M.scratch(name, markdown)
   return bufnr
 end
 
+--- The buffer `bufnr` with `edits` applied, in a scratch buffer diffed against it in a
+--- vertical split (`htam://suggestion`); the kernel's buffer is not changed.
+---@param bufnr integer
+---@param edits lsp.TextEdit[]
+---@param encoding string
+---@return integer scratch
+function M.suggested(bufnr, edits, encoding)
+  local name = 'htam://suggestion'
+  local old = vim.fn.bufnr(name)
+  if old ~= -1 then
+    vim.api.nvim_buf_delete(old, { force = true })
+  end
+  local scratch = vim.api.nvim_create_buf(false, true)
+  vim.api.nvim_buf_set_name(scratch, name)
+  vim.bo[scratch].filetype = vim.bo[bufnr].filetype
+  vim.api.nvim_buf_set_lines(scratch, 0, -1, false, vim.api.nvim_buf_get_lines(bufnr, 0, -1, false))
+  vim.lsp.util.apply_text_edits(edits, scratch, encoding)
+  vim.bo[scratch].modifiable = false
+  local kernel_win = vim.fn.bufwinid(bufnr)
+  vim.api.nvim_set_current_win(kernel_win)
+  vim.cmd.diffthis()
+  vim.cmd('vertical rightbelow split')
+  vim.api.nvim_win_set_buf(0, scratch)
+  vim.cmd.diffthis()
+  vim.api.nvim_set_current_win(kernel_win)
+  return scratch
+end
+
 return M
