@@ -66,13 +66,15 @@ def test_the_record_keeps_the_conditions_of_the_measurement(home: Path) -> None:
     assert record["verdict"]["speedup"] == 2.0
 
 
-def test_a_verdict_from_another_evaluator_is_a_miss(
-    home: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_verdict_from_another_evaluator_is_a_miss(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cache.evaluator_version() in cache.fingerprint()  # so in every key
+    monkeypatch.setattr(cache, "fingerprint", lambda: "one environment")  # one key ...
+    monkeypatch.setattr(cache, "evaluator_version", lambda: "0" * 16)
     entry = key_for("x", "bwrap")
     cache.put(entry, clean(), sandbox="bwrap")
-    monkeypatch.setattr(cache, "evaluator_version", lambda: "0000000000000000")
-    assert cache.get(entry, sandbox="bwrap") is None
+    monkeypatch.setattr(cache, "evaluator_version", lambda: "1" * 16)
+    assert key_for("x", "bwrap") == entry
+    assert cache.get(entry, sandbox="bwrap") is None  # ... but the record names its evaluator
 
 
 def test_a_record_copied_under_another_key_is_a_miss(home: Path) -> None:

@@ -39,9 +39,11 @@ UNSANDBOXED = "none"
 BUSY_TIMEOUT_S = 30.0
 
 
+@functools.cache
 def evaluator_version() -> str:
     """Hash of the evaluator's own code: a change of rules (a new check, a tolerance)
-    must never be answered by a verdict the old rules gave."""
+    must never be answered by a verdict the old rules gave. Read once per process: the
+    code this process runs, whatever is edited on disk meanwhile."""
     package = Path(__file__).parent
     files = sorted(package.glob("*.py"))
     files += [package.parent / "kernels.py", package.parent / "parsing.py"]
