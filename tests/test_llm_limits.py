@@ -22,6 +22,7 @@ from htam_engine.llm import (
     count_tokens,
     load_prices,
 )
+from htam_engine.llm.limits import REASONING_EXTRA, is_reasoning_model
 from htam_engine.llm.remote import is_local_url
 
 KIND = ["anthropic", "openai"]
@@ -238,3 +239,59 @@ def test_a_server_that_refuses_stream_options_is_asked_without(server: ScriptedA
     assert llm.complete("system", "p2").text == "again"
     assert ["stream_options" in r.body for r in server.requests] == [True, False, False]
     assert llm.usage.output_tokens == count_tokens("fine") + count_tokens("again")
+
+
+@pytest.mark.parametrize(
+    ("model", "reasoning"),
+    [
+        ("deepseek-reasoner", True),
+        ("deepseek-r1", True),
+        ("DeepSeek-R1-Distill-Qwen-7B", True),
+        ("o1", True),
+        ("o3-mini", True),
+        ("openai/o4-mini", True),
+        ("gpt-5", True),
+        ("qwq-32b", True),
+        ("gpt-4o", False),
+        ("gpt-4o-mini", False),
+        ("claude-sonnet-4-6", False),
+        ("smollm2-135m", False),
+        ("llama-3.1-8b-instruct", False),
+        ("mistral-large-2411", False),
+    ],
+)
+def test_reasoning_models_are_told_by_name(model: str, reasoning: bool) -> None:
+    assert is_reasoning_model(model, {}) is reasoning
+    assert is_reasoning_model(model, {"HTAM_LLM_REASONING": "1"}) is True
+    assert is_reasoning_model(model, {"HTAM_LLM_REASONING": "0"}) is False
+
+
+@pytest.mark.parametrize("kind", KIND)
+def test_a_reasoning_model_gets_room_to_think(kind: str, server: ScriptedAPIServer) -> None:
+    llm = sdk_provider(kind, server, env={"HTAM_LLM_MODEL": "deepseek-reasoner"})
+    llm.complete("s", "p", purpose="local")
+    expected = LIMITS["local"].max_tokens + REASONING_EXTRA.max_tokens
+    assert server.requests[0].body["max_tokens"] == expected
+
+
+def test_max_completion_tokens_where_max_tokens_is_refused(server: ScriptedAPIServer) -> None:
+    refusal = (
+        "Unsupported parameter: 'max_tokens' is not supported with this model. "
+        "Use 'max_completion_tokens' instead."
+    )
+    server.script(Reply(status=400, message=refusal), Reply(text="one"), Reply(text="two"))
+    llm = sdk_provider("openai", server, env={"HTAM_LLM_MODEL": "o3-mini"})
+    assert llm.complete("s", "p", purpose="local").text == "one"
+    assert llm.complete("s", "p2", purpose="local").text == "two"
+    sent = [
+        (r.body.get("max_tokens"), r.body.get("max_completion_tokens")) for r in server.requests
+    ]
+    limit = LIMITS["local"].max_tokens + REASONING_EXTRA.max_tokens
+    assert sent == [(limit, None), (None, limit), (None, limit)]
+
+
+def test_a_too_large_max_tokens_stays_an_error(server: ScriptedAPIServer) -> None:
+    server.script(Reply(status=400, message="max_tokens is too large: 6144 > 4096"))
+    with pytest.raises(LLMError, match="HTTP 400.*max_tokens is too large"):
+        sdk_provider("openai", server).complete("s", "p", purpose="generate")
+    assert len(server.requests) == 1

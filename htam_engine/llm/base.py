@@ -136,6 +136,7 @@ class Provider(ABC):
     def __init__(self) -> None:
         self.usage = Usage()
         self.budget: RunBudget | None = None
+        self.reasoning = False  # a reasoning model: more room per call (limits.limit_for)
         self._usage_lock = threading.Lock()
 
     def complete(
@@ -151,7 +152,7 @@ class Provider(ABC):
         """One answer. With `schema`, the answer's text is JSON in the most constrained
         form the provider supports (`Completion.form`). `sample` > 0 asks for another
         independent answer to the same prompt (best-of-k), never a cached copy of #0."""
-        limit = max_tokens or limit_for(purpose).max_tokens
+        limit = max_tokens or limit_for(purpose, self.reasoning).max_tokens
         if self.budget is not None:
             limit = self.budget.allow(purpose, count_tokens(system + prompt), limit)
         completion = self._complete(

@@ -9,7 +9,7 @@ from pathlib import Path
 from htam_engine.llm.base import LLMError, Provider
 from htam_engine.llm.cache import ResponseCache
 from htam_engine.llm.choice import DEFAULT_MODELS, PROVIDERS, choose_provider, show_url
-from htam_engine.llm.limits import RunBudget
+from htam_engine.llm.limits import RunBudget, is_reasoning_model
 from htam_engine.llm.prices import load_prices
 from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider, RetryPolicy
 from htam_engine.llm.replay import Recorder, ReplayProvider
@@ -86,6 +86,9 @@ def make_provider(
         provider = _remote(name, chosen, base_url, env, cache, retry)
         where = f" at {show_url(base_url)}" if base_url else ""
         line = f"{name} {chosen}{where} ({why})"
+    provider.reasoning = is_reasoning_model(provider.model, env)
+    if provider.reasoning:
+        line += "; a reasoning model (more tokens per call)"
     if record:
         provider = Recorder(provider, Path(record))
         line += f"; recording to {record}"

@@ -7,7 +7,9 @@ for what it needs, so a model that runs on does not run for minutes. A run's bud
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +33,26 @@ LIMITS = {
     "repair": CallLimit(max_tokens=6144, deadline_s=300.0),
 }
 DEFAULT_LIMIT = CallLimit(max_tokens=4096, deadline_s=300.0)
+# A reasoning model (DeepSeek-R1, the paper's; o-series; QwQ) spends its chain of thought
+# inside max_tokens: each purpose gets this much more room and time on top.
+REASONING_EXTRA = CallLimit(max_tokens=8192, deadline_s=300.0)
+_REASONING_NAMES = re.compile(r"(?i)(reasoner|(^|[-_/])r1($|[-_/])|(^|/)o[1-9]|gpt-5|qwq|thinking)")
+REASONING_ENV = "HTAM_LLM_REASONING"  # "1" or "0": overrides the guess from the name
 
 
-def limit_for(purpose: str) -> CallLimit:
-    return LIMITS.get(purpose, DEFAULT_LIMIT)
+def is_reasoning_model(model: str, env: Mapping[str, str]) -> bool:
+    override = env.get(REASONING_ENV, "").strip()
+    if override in {"0", "1"}:
+        return override == "1"
+    return _REASONING_NAMES.search(model) is not None
+
+
+def limit_for(purpose: str, reasoning: bool = False) -> CallLimit:
+    base = LIMITS.get(purpose, DEFAULT_LIMIT)
+    if not reasoning:
+        return base
+    extra = REASONING_EXTRA
+    return CallLimit(base.max_tokens + extra.max_tokens, base.deadline_s + extra.deadline_s)
 
 
 class BudgetExhausted(LLMError):

@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -64,8 +64,8 @@ class RetryPolicy:
         backoff = self.base_s * 2**retry_index + self.rng.uniform(0, self.base_s)
         return min(backoff, self.max_delay_s)
 
-    def deadline_s(self, purpose: str) -> float:
-        deadline = limit_for(purpose).deadline_s
+    def deadline_s(self, purpose: str, reasoning: bool = False) -> float:
+        deadline = limit_for(purpose, reasoning).deadline_s
         return deadline if self.timeout_s is None else min(deadline, self.timeout_s)
 
 
@@ -331,7 +331,7 @@ class RemoteProvider(Provider):
         what: str,
     ) -> tuple[str, Answer]:
         """(form used, answer): free text, or the first structured form not refused."""
-        deadline_s = self.retry.deadline_s(purpose)
+        deadline_s = self.retry.deadline_s(purpose, self.reasoning)
         if schema is None:
 
             def text() -> Answer:
@@ -464,7 +464,7 @@ class OpenAIProvider(RemoteProvider):
     def __init__(self, model: str, *, api_key: str, base_url: str | None = None, **kw: Any):
         super().__init__(model, api_key=api_key, base_url=base_url, **kw)
         self._client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0)
-        self.stream_usage = True
+        self.refused: set[str] = set()  # request parameters this server refused
 
     def _call(
         self,
@@ -495,23 +495,42 @@ class OpenAIProvider(RemoteProvider):
         return within_deadline(stream, started, deadline_s, lambda w: _read_openai(stream, w, sent))
 
     def _open(self, request: dict[str, Any], deadline_s: float) -> Any:
-        """The stream, with the usage chunk asked for while the server accepts that:
-        a server that refuses `stream_options` (HTTP 400/422 naming it) is asked
-        without it from then on, and its tokens are counted here."""
-        if not self.stream_usage:
-            return self._client.chat.completions.create(**request, stream=True, timeout=deadline_s)
-        try:
-            return self._client.chat.completions.create(
-                **request, stream=True, stream_options={"include_usage": True}, timeout=deadline_s
-            )
-        except openai.APIStatusError as error:
-            if error.status_code not in {400, 422} or "stream_options" not in str(error):
-                raise
-            log.warning(
-                "%s refused stream_options (HTTP %d); asking without", self.model, error.status_code
-            )
-            self.stream_usage = False
-            return self._open(request, deadline_s)
+        """The stream, asked for with what this server accepts: a parameter it refuses
+        (HTTP 400/422 naming it) is adapted from then on (`_adapt`)."""
+        while True:
+            sent = self._adapt(request)
+            try:
+                return self._client.chat.completions.create(**sent, stream=True, timeout=deadline_s)
+            except openai.APIStatusError as error:
+                refused = _refused_parameter(error, sent)
+                if refused is None:
+                    raise
+                log.warning("%s refused %s (HTTP %d)", self.model, refused, error.status_code)
+                self.refused.add(refused)
+
+    def _adapt(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Ask for the usage chunk unless refused (then tokens are counted here), and
+        use `max_completion_tokens` where `max_tokens` was refused (o-series models)."""
+        sent = dict(request)
+        if "stream_options" not in self.refused:
+            sent["stream_options"] = {"include_usage": True}
+        if "max_tokens" in self.refused:
+            sent["max_completion_tokens"] = sent.pop("max_tokens")
+        return sent
+
+
+def _refused_parameter(error: openai.APIStatusError, sent: Mapping[str, Any]) -> str | None:
+    """The request parameter a 400/422 says is unsupported, if it is one we can adapt.
+    `max_tokens` only when the server names its replacement (a too-large max_tokens
+    must stay an error, never become an unbounded call)."""
+    message = str(error)
+    if error.status_code not in {400, 422}:
+        return None
+    if "stream_options" in sent and "stream_options" in message:
+        return "stream_options"
+    if "max_tokens" in sent and "max_tokens" in message and "max_completion_tokens" in message:
+        return "max_tokens"
+    return None
 
 
 def _read_openai(stream: Any, watch: _Watch, sent: str) -> Answer:

@@ -104,6 +104,7 @@ class Recorder(Provider):
         self.inner = inner
         self.name = inner.name
         self.model = inner.model
+        self.reasoning = inner.reasoning
         self.cassette = Path(cassette)
         self.cassette.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
