@@ -73,6 +73,11 @@ def test_missing_fence_with_leading_prose() -> None:
         "```python\nx = (1,\n```",  # a syntax error inside a closed block
         "```python\nimport torch\n```",  # parses, but no ModelNew: not an implementation
         "```cuda\n__global__ void k(float* x) { x[0] = \n```",
+        "```python\nclass ModelNew:\n    def forward(self, x):\n        return '\x00'\n```",
+        "```python\nclass ModelNew:\n    def forward(self, x):\n        return "
+        + "(" * 5000
+        + ")" * 5000
+        + "\n```",
     ],
 )
 def test_no_usable_code_gives_none(text: str) -> None:
