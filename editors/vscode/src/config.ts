@@ -7,6 +7,7 @@ export interface HtamSettings {
   steps: number;
   device: string;
   cassette: string;
+  minSpeedup: number;
 }
 
 export interface InitializationOptions {
@@ -16,6 +17,7 @@ export interface InitializationOptions {
   steps: number;
   device: string;
   cassette?: string;
+  minSpeedup: number;
   allowExecution: boolean;
 }
 
@@ -42,6 +44,7 @@ export function initializationOptions(
     provider: settings.provider || "auto",
     steps: settings.steps,
     device: settings.device || "auto",
+    minSpeedup: settings.minSpeedup,
     allowExecution: trusted,
   };
   if (settings.model) {

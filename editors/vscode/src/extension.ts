@@ -2,10 +2,12 @@
 import { PythonExtension } from "@vscode/python-extension";
 import * as vscode from "vscode";
 import {
+  type ClientCapabilities,
   ExecuteCommandRequest,
   LanguageClient,
   type LanguageClientOptions,
   type ServerOptions,
+  type StaticFeature,
 } from "vscode-languageclient/node";
 import {
   alreadyRunning,
@@ -34,16 +36,24 @@ import {
   interpreterCandidates,
   SERVER_ARGS,
 } from "./interpreter";
-import {
-  formatSpeedup,
-  isTerminal,
-  JobTracker,
-  type JobState,
-  parseJobState,
-  progressMessage,
-} from "./jobs";
+import { isTerminal, JobTracker, type JobState, parseJobState, progressMessage } from "./jobs";
 import { MarkdownView } from "./markdownView";
 import { JobProgress } from "./progress";
+import { parseStatus, type ServerStatus, statusBrief, statusTooltip } from "./status";
+
+/**
+ * The extension shows each job once: one notification with Cancel (from htam/jobState)
+ * and the status item. Not advertising work-done progress keeps the server from sending
+ * the same job a second time as $/progress, which VS Code would show in the status bar.
+ */
+const ONE_PROGRESS: StaticFeature = {
+  fillClientCapabilities(capabilities: ClientCapabilities): void {
+    capabilities.window = { ...capabilities.window, workDoneProgress: false };
+  },
+  initialize: () => undefined,
+  getState: () => ({ kind: "static" }),
+  clear: () => undefined,
+};
 
 const DOCUMENTS = [
   { scheme: "file", language: "cuda-cpp" },
@@ -61,6 +71,7 @@ function settings(): HtamSettings {
     steps: config.get("steps", 6),
     device: config.get("device", "auto"),
     cassette: config.get("cassette", ""),
+    minSpeedup: config.get("minSpeedup", 1.1),
   };
 }
 
@@ -86,6 +97,8 @@ class Htam implements vscode.Disposable {
   private readonly progress = new JobProgress();
   private readonly status = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Left, 50);
   private readonly view = new MarkdownView();
+  /** What the running server says it can do here (htam.status). */
+  private serverStatus: ServerStatus | undefined;
 
   constructor(
     private readonly context: vscode.ExtensionContext,
@@ -115,6 +128,9 @@ class Htam implements vscode.Disposable {
 
   /** Restarts when the effective htam.interpreter changed (trust changes it too). */
   onConfigurationChanged(event: vscode.ConfigurationChangeEvent): void {
+    if (event.affectsConfiguration("htam")) {
+      void this.refreshStatus(); // the server validates; its problems show in the tooltip
+    }
     if (
       event.affectsConfiguration("htam.interpreter") &&
       interpreterSetting() !== this.interpreterSetting
@@ -203,10 +219,30 @@ class Htam implements vscode.Disposable {
     };
     const client = new LanguageClient("htam", "HTAM", serverOptions, this.clientOptions(trusted));
     client.onNotification("htam/jobState", (payload: unknown) => this.onJobState(payload));
+    client.registerFeature(ONE_PROGRESS);
     this.unavailable?.dispose();
     this.unavailable = undefined;
     this.client = client;
     await client.start();
+    await this.refreshStatus();
+  }
+
+  /** Asks the server what it can do here; the status item shows its answer. */
+  private async refreshStatus(): Promise<void> {
+    const client = this.client;
+    if (!client) {
+      return;
+    }
+    try {
+      const params = { command: "htam.status", arguments: [{}] };
+      const answer: unknown = await client.sendRequest(ExecuteCommandRequest.type, params);
+      this.serverStatus = parseStatus(answer);
+      this.log.info(`htam.status: ${JSON.stringify(answer)}`);
+    } catch (error) {
+      this.serverStatus = undefined;
+      this.log.warn(`htam.status failed: ${String(error)}`);
+    }
+    this.renderStatus();
   }
 
   private clientOptions(trusted: boolean): LanguageClientOptions {
@@ -234,6 +270,7 @@ class Htam implements vscode.Disposable {
   private async stopClient(): Promise<void> {
     const client = this.client;
     this.client = undefined;
+    this.serverStatus = undefined;
     this.tracker.clear();
     this.progress.finishAll();
     this.renderStatus();
@@ -369,6 +406,7 @@ class Htam implements vscode.Disposable {
     this.progress.update(state, () => this.cancel(state.jobId));
     if (isTerminal(state)) {
       this.announce(state);
+      void this.refreshStatus(); // a job's own provider choice may differ from the guess
     }
   }
 
@@ -376,18 +414,22 @@ class Htam implements vscode.Disposable {
     void vscode.commands.executeCommand("htam.cancel", { jobId });
   }
 
-  /** The server itself says why a job was refused (window/showMessage). */
+  /** One message when a job ends, in the server's words (the engine's own reason). */
   private announce(state: JobState): void {
     const subject = state.kernel || state.uri;
+    const said = `HTAM: ${subject}: ${state.message || state.state}`;
     if (state.state === "failed") {
-      void vscode.window.showErrorMessage(`HTAM: ${subject} failed: ${state.message}`);
+      void vscode.window.showErrorMessage(said);
+    } else if (state.state === "refused") {
+      void vscode.window.showWarningMessage(said);
+    } else if (state.state === "done" && state.suggestions > 0) {
+      void vscode.window.showInformationMessage(said, "Show Actions").then((choice) => {
+        if (choice) {
+          void vscode.commands.executeCommand("editor.action.refactor");
+        }
+      });
     } else if (state.state === "done") {
-      const best =
-        state.bestSpeedup === null ? undefined : `best ${formatSpeedup(state.bestSpeedup)}`;
-      const then = best ? "Apply it from the light bulb (Ctrl+.)." : "No verified improvement yet.";
-      void vscode.window.showInformationMessage(
-        `HTAM: ${subject}: ${state.message || best || "finished"}. ${then}`,
-      );
+      void vscode.window.showInformationMessage(said);
     }
   }
 
@@ -398,10 +440,11 @@ class Htam implements vscode.Disposable {
       this.status.command = "htam.showLog";
       return;
     }
-    const view = this.tracker.view({
-      starting: this.starting,
-      trusted: vscode.workspace.isTrusted,
-    });
+    const status = this.serverStatus;
+    const server = { starting: this.starting, trusted: vscode.workspace.isTrusted };
+    const view = this.tracker.view(
+      status ? { ...server, brief: statusBrief(status), facts: statusTooltip(status) } : server,
+    );
     this.status.text = view.text;
     this.status.tooltip = view.tooltip;
     this.status.command = view.running ? "htam.cancel" : "htam.showLog";

@@ -13,6 +13,8 @@ export interface JobState {
   phase: string;
   message: string;
   bestSpeedup: number | null;
+  /** Apply actions the server offers for the kernel now that the job has ended. */
+  suggestions: number;
 }
 
 export interface StatusView {
@@ -25,6 +27,10 @@ export interface StatusView {
 export interface ServerState {
   starting: boolean;
   trusted: boolean;
+  /** A few words from the server's htam.status, e.g. "no LLM · cpu". */
+  brief?: string;
+  /** The htam.status facts, one line each. */
+  facts?: string;
 }
 
 const TERMINAL: ReadonlySet<JobPhase> = new Set(["done", "failed", "cancelled", "refused"]);
@@ -62,6 +68,7 @@ export function parseJobState(value: unknown): JobState | undefined {
     phase: text(raw.phase),
     message: text(raw.message),
     bestSpeedup: typeof speedup === "number" && Number.isFinite(speedup) ? speedup : null,
+    suggestions: count(raw.suggestions),
   };
 }
 
@@ -132,11 +139,12 @@ export class JobTracker {
     if (current) {
       return runningView(current, this.active.size);
     }
-    return this.last ? finishedView(this.last) : idleView(server.trusted);
+    const view = this.last ? finishedView(this.last) : idleView(server.trusted, server.brief);
+    return server.facts ? { ...view, tooltip: `${view.tooltip}\n\n${server.facts}` } : view;
   }
 }
 
-function idleView(trusted: boolean): StatusView {
+function idleView(trusted: boolean, brief: string | undefined): StatusView {
   if (!trusted) {
     return {
       text: "$(shield) HTAM: idle (restricted)",
@@ -145,7 +153,12 @@ function idleView(trusted: boolean): StatusView {
       running: false,
     };
   }
-  return { text: "$(beaker) HTAM: idle", tooltip: "HTAM: no optimization running", running: false };
+  const more = brief ? ` (${brief})` : "";
+  return {
+    text: `$(beaker) HTAM: idle${more}`,
+    tooltip: "HTAM: no optimization running",
+    running: false,
+  };
 }
 
 function runningView(state: JobState, active: number): StatusView {
@@ -163,7 +176,10 @@ function finishedView(state: JobState): StatusView {
   const detail = state.message ? `: ${state.message}` : "";
   switch (state.state) {
     case "done": {
-      const best = state.bestSpeedup === null ? "done" : formatSpeedup(state.bestSpeedup);
+      const best =
+        state.suggestions > 0 && state.bestSpeedup !== null
+          ? formatSpeedup(state.bestSpeedup)
+          : "nothing to apply";
       return {
         text: `$(check) HTAM: ${best}`,
         tooltip: `HTAM: ${subject} finished${detail}`,
@@ -172,7 +188,7 @@ function finishedView(state: JobState): StatusView {
     }
     case "refused":
       return {
-        text: "$(shield) HTAM: execution refused",
+        text: "$(circle-slash) HTAM: refused",
         tooltip: `HTAM: ${subject}${detail}`,
         running: false,
       };

@@ -9,6 +9,7 @@ const settings = {
   steps: 3,
   device: "cpu",
   cassette: "/c.json",
+  minSpeedup: 1.25,
 };
 
 test("initialization options carry trust and drop empty settings", () => {
@@ -17,6 +18,7 @@ test("initialization options carry trust and drop empty settings", () => {
     steps: 3,
     device: "cpu",
     cassette: "/c.json",
+    minSpeedup: 1.25,
     allowExecution: false,
   });
   const trusted = initializationOptions({ ...settings, model: "m", baseUrl: "http://x" }, true);

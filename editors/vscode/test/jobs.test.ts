@@ -34,6 +34,7 @@ test("missing or wrong-typed fields get neutral values", () => {
     phase: "",
     message: "",
     bestSpeedup: null,
+    suggestions: 0,
   });
 });
 
@@ -74,11 +75,24 @@ test("step 0 is shown as measuring the starting implementation", () => {
 test("a finished job shows the best speedup and leaves no current job", () => {
   const tracker = new JobTracker();
   tracker.update(job({ step: 1, steps: 1 }));
-  tracker.update(job({ state: "done", step: 1, steps: 1, bestSpeedup: 1.8449 }));
+  const done = { state: "done", step: 1, steps: 1, bestSpeedup: 1.8449, suggestions: 1 } as const;
+  tracker.update(job(done));
   const view = tracker.view(SERVER);
   assert.equal(view.running, false);
   assert.match(view.text, /1\.84x/);
   assert.equal(tracker.current(), undefined);
+});
+
+test("a speedup with nothing offered is not shown as a result", () => {
+  const tracker = new JobTracker();
+  tracker.update(job({ state: "done", bestSpeedup: 1.04, suggestions: 0 }));
+  assert.match(tracker.view(SERVER).text, /HTAM: nothing to apply$/);
+});
+
+test("the idle item and tooltip carry the server's htam.status", () => {
+  const view = new JobTracker().view({ ...SERVER, brief: "no LLM · cpu", facts: "GPU: none" });
+  assert.match(view.text, /HTAM: idle \(no LLM · cpu\)$/);
+  assert.match(view.tooltip, /\n\nGPU: none$/);
 });
 
 test("refused and failed jobs say so", () => {
