@@ -8,6 +8,7 @@ import pytest
 
 from htam_engine.llm.extract import (
     check_code,
+    extract_candidate,
     extract_code,
     extract_json,
     fenced_blocks,
@@ -131,3 +132,40 @@ def test_extract_json(text: str, expected: dict) -> None:
 )
 def test_extract_json_rejects(text: str) -> None:
     assert extract_json(text) is None
+
+
+R1_ANSWER = """<think>
+The user wants a faster softmax. A first draft, longer than the real answer because of
+the comments I am still thinking through:
+```python
+import torch
+
+class ModelNew(torch.nn.Module):
+    # draft: maybe use a reduction first, maybe fuse the exponent, not sure yet, let me
+    # think about it more, this is long on purpose
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)  # calls the reference: not allowed
+```
+No, that calls torch. Let me write the kernel.
+</think>
+```python
+import torch
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return my_kernel(x)
+```"""
+
+
+def test_reasoning_sections_are_not_the_answer() -> None:
+    code = extract_code(R1_ANSWER, "python")
+    assert code is not None and "my_kernel" in code and "torch.softmax" not in code
+
+
+def test_an_answer_that_ran_out_while_thinking_has_no_code() -> None:
+    cut = R1_ANSWER[: R1_ANSWER.index("No, that")]
+    answer = extract_candidate(cut, "python", truncated=True)
+    assert answer.code is None
+    assert answer.reason == (
+        "nothing but reasoning (<think>) (the answer was cut off at its max_tokens limit)"
+    )

@@ -186,3 +186,10 @@ def test_concurrent_refusals_drop_a_form_once(server: ScriptedAPIServer) -> None
         forms = [call.result().form for call in calls]
     assert forms == ["json_object", "json_object"]
     assert llm.forms == ["json_object", "prompted"]  # type: ignore[attr-defined]
+
+
+def test_a_choice_drafted_while_thinking_is_not_the_answer() -> None:
+    text = '<think>maybe {"local": "omp_simd"}? no.</think>{"local": "soa_layout", "reason": "r"}'
+    choice = parse_choice(text, IDS)
+    assert choice is not None and choice.local_id == "soa_layout"
+    assert parse_choice('<think>{"local": "omp_simd"} hmm, or', IDS) is None

@@ -45,6 +45,9 @@ _CODE_START = {
 }
 _CODE_START["cpp"] = _CODE_START["cuda"]
 _MODEL_NEW = re.compile(r"^class\s+ModelNew\b", re.M)
+# R1-style models served locally (llama.cpp, Ollama, vLLM) put their chain of thought in
+# the answer; drafts in it are not the answer.
+_THINK = re.compile(r"<think>.*?</think>", re.S)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,14 @@ class Block:
 def _parser(language: str) -> Parser:
     grammar = tree_sitter_python if language == "python" else tree_sitter_cuda
     return Parser(Language(grammar.language()))
+
+
+def without_reasoning(text: str) -> str:
+    """`text` without `<think>...</think>` sections; an unclosed one (the answer ran out
+    while thinking) drops everything after it."""
+    text = _THINK.sub("", text)
+    unclosed = text.find("<think>")
+    return text[:unclosed] if unclosed >= 0 else text
 
 
 def fenced_blocks(text: str) -> list[Block]:
@@ -113,6 +124,9 @@ def extract_candidate(
         raise ValueError(f"language must be one of {', '.join(LANGUAGES)}, not {language!r}")
     if not text.strip():
         return CodeAnswer(None, "empty answer")
+    text = without_reasoning(text)
+    if not text.strip():
+        return CodeAnswer(None, _truncated("nothing but reasoning (<think>)", truncated))
     blocks = fenced_blocks(text)
     if blocks:
         ranked = sorted(blocks, key=lambda b: _score(b, language), reverse=True)

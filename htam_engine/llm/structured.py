@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from htam_engine.llm.base import JsonSchema
-from htam_engine.llm.extract import object_at
+from htam_engine.llm.extract import object_at, without_reasoning
 
 CHOICE_KEY = "local"
 CHOICE_TOOL = "choose_strategy"
@@ -69,9 +69,10 @@ def named_id(value: dict[str, Any], runnable: Sequence[str]) -> str | None:
 
 
 def parse_choice(text: str, runnable: Sequence[str], form: str = "prompted") -> Choice | None:
-    """The last JSON object in `text` that names a runnable id, or None."""
+    """The last JSON object in `text` (outside `<think>` sections) that names a
+    runnable id, or None."""
     found: tuple[str, dict[str, Any]] | None = None
-    for value in json_objects(text):
+    for value in json_objects(without_reasoning(text)):
         local_id = named_id(value, runnable)
         if local_id is not None:
             found = (local_id, value)
