@@ -2,13 +2,15 @@
 
 `REGISTRY[id].check(source)` says why a rewrite does not apply (None when it does);
 `REGISTRY[id].apply(source)` returns the rewritten file. Both take the whole candidate
-file: a `.py` with embedded `load_inline` / `load_cpp` sources, or a raw `.cu` / `.cpp`.
+file: a `.py` with embedded `load_inline` / `load_cpp` sources, a raw `.cu` / `.cpp`, or a
+`.py` with `@triton.jit` kernels.
 """
 
 from htam_engine.strategies.base import NotApplicable, Rewrite
 from htam_engine.strategies.cpu import REWRITES as _CPU
 from htam_engine.strategies.cuda import REWRITES as _CUDA
+from htam_engine.strategies.triton import REWRITES as _TRITON
 
-REGISTRY: dict[str, Rewrite] = {rewrite.id: rewrite for rewrite in (*_CUDA, *_CPU)}
+REGISTRY: dict[str, Rewrite] = {rewrite.id: rewrite for rewrite in (*_CUDA, *_CPU, *_TRITON)}
 
 __all__ = ["REGISTRY", "NotApplicable", "Rewrite"]
