@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llm_api_server import Reply, ScriptedAPIServer, sdk_provider
 
 from htam_engine.llm import LIMITS, extract_candidate, extract_json, make_provider, parse_choice
 from htam_engine.llm.measure import main as measure_main
@@ -177,3 +178,16 @@ def test_a_replayed_answer_as_long_as_the_limit_counts_as_cut_off() -> None:
     expected = [a.output_tokens >= limit for a, limit in zip(answers, limits, strict=True)]
     assert [a.truncated for a in answers] == expected
     assert answers[-1].truncated and not answers[1].truncated
+
+
+def test_a_recording_keeps_latency_for_tokens_per_second(tmp_path: Path) -> None:
+    cassette = tmp_path / "timed.jsonl"
+    with ScriptedAPIServer() as server:
+        server.script(Reply(text="{}", output_tokens=30, delay_s=0.2))
+        recorder = sdk_provider("openai", server, record=cassette)
+        recorder.complete("s", "p", purpose="local")
+    report = measure([cassette])
+    assert report.timed_calls == 1 and report.timed_seconds >= 0.2
+    assert report.timed_output_tokens == 30
+    assert report.lines()[-1].startswith("time per call: ")
+    assert measure(CASSETTES).lines()[-1] == "time per call: not recorded"

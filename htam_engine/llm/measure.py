@@ -40,9 +40,16 @@ class Report:
     code_used: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     output_tokens: int = 0
+    timed_calls: int = 0  # calls whose latency was recorded
+    timed_seconds: float = 0.0
+    timed_output_tokens: int = 0
 
     def add(self, entry: dict[str, Any]) -> None:
         self.output_tokens += int(entry.get("output_tokens", 0))
+        if isinstance(entry.get("latency_s"), int | float) and entry["latency_s"] > 0:
+            self.timed_calls += 1
+            self.timed_seconds += float(entry["latency_s"])
+            self.timed_output_tokens += int(entry.get("output_tokens", 0))
         purpose = entry.get("purpose", "")
         if purpose == "local":
             self._add_choice(entry)
@@ -81,7 +88,15 @@ class Report:
             f"code answers: {self.code_used}/{self.code_answers} used, the rest rejected:",
             *(f"  {count} x {reason}" for reason, count in self.rejected.most_common()),
             f"output tokens: {self.output_tokens}",
+            self._speed(),
         ]
+
+    def _speed(self) -> str:
+        if not self.timed_calls:
+            return "time per call: not recorded"
+        per_call = self.timed_seconds / self.timed_calls
+        rate = self.timed_output_tokens / self.timed_seconds
+        return f"time per call: {per_call:.1f} s over {self.timed_calls} calls; {rate:.1f} tokens/s"
 
 
 def measure(cassettes: Sequence[Path]) -> Report:

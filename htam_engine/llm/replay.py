@@ -2,7 +2,7 @@
 
 One line per call: `key` (hash of system + prompt), `purpose`, `provider`, `model`,
 `system`, `prompt`, `text`, `input_tokens`, `output_tokens`, `cost_usd`, and since the
-structured forms `form` and `truncated` (older cassettes: `prompted` for a JSON answer,
+structured forms `form`, `truncated` and `latency_s` (older cassettes: `prompted` for a JSON answer,
 and truncated when the answer is as long as the call's limit). Everything written is
 passed through `redact`.
 """
@@ -135,6 +135,7 @@ class Recorder(Provider):
             "cost_usd": completion.cost_usd,
             "form": completion.form,
             "truncated": completion.truncated,
+            "latency_s": completion.latency_s,
         }
         line = redact(json.dumps(entry, ensure_ascii=False))
         with self._lock, self.cassette.open("a", encoding="utf-8") as handle:
