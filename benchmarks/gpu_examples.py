@@ -8,8 +8,9 @@ bare GPU machine: its `python3`; the CPU venv of a laptop does not work there). 
 
 1. Without an NVIDIA GPU (no `nvidia-smi` GPU, no /proc/driver/nvidia/gpus) it writes a
    JSON saying why it skipped and exits 0.
-2. It checks that this interpreter has what the engine and the tests import (the
-   `pyproject.toml` dependencies but the language server's, and pytest). With
+2. It checks that this interpreter imports what the run uses (the engine's modules and
+   their workers, and pytest), and names every `pyproject.toml` dependency it lacks but
+   the language server's. With
    `--wheels DIR` it first installs the wheels in DIR into this interpreter (`pip
    --no-index --no-deps`, nothing fetched) and puts the repository on its path with a
    `.pth` file, so the sandboxed workers import it too. What is still missing is written
@@ -56,6 +57,28 @@ REPEAT_RESERVE_S = 45  # kept for an example's re-evaluations
 TESTS_SHARE = 0.3  # of the budget, at most, for `pytest -m gpu`
 SERVER_ONLY = frozenset({"pygls", "lsprotocol"})  # the language server's, not the engine's
 EXTRA_NEEDS = ("pytest",)
+# what `htam optimize`, `htam eval`, their workers and the test suite's conftest import
+RUN_MODULES = (
+    "htam_engine.loop_cli",
+    "htam_engine.loop",
+    "htam_engine.llm.factory",
+    "htam_engine.evaluate.runner",
+    "htam_engine.evaluate.worker",
+    "htam_engine.evaluate.judge",
+    "kernelguard",  # imported by the static checks only when they run
+    "platformdirs",
+    "pytest",
+)
+_SMOKE = """
+import importlib, json, sys
+missing = []
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        missing.append(error.name or name)
+print(json.dumps(sorted(set(missing))))
+"""
 CONFIDENCE = 0.95
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
@@ -118,6 +141,18 @@ def missing_distributions(
     return [name for name in needed_distributions(pyproject) if not installed(name)]
 
 
+def unimportable(modules: tuple[str, ...] = RUN_MODULES) -> list[str]:
+    """Top-level modules that importing what the run uses fails on, as distribution
+    names (`tree_sitter_cuda` -> tree-sitter-cuda), from a fresh interpreter at the root."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SMOKE, *modules],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return [f"(the import check failed: {done.stderr.strip()[-200:]})"]
+    return [name.split(".")[0].replace("_", "-") for name in json.loads(done.stdout)]
+
+
 def wheel_command(names: list[str], python: str) -> str:
     """The `pip download` line that fetches wheels for `names` on another machine, for the
     Python version `python` ("3.12") on x86-64 Linux; its folder is then --wheels."""
@@ -172,6 +207,7 @@ def device_report(gpu: dict[str, Any]) -> dict[str, Any]:
         "nvcc": gpu["nvcc"],
         "torch": torch.__version__,
         "python": sys.version.split()[0],
+        "absent_distributions": gpu.get("absent_distributions", []),
     }
 
 
@@ -445,17 +481,23 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, 
         return {"skipped": gpu["reason"]}, gpu
     pyproject = (ROOT / "pyproject.toml").read_text()
     problem = install_wheels(args.wheels) if args.wheels else ""
-    missing = missing_distributions(pyproject)
-    if problem or missing:
+    absent = missing_distributions(pyproject)
+    needed = unimportable()
+    if problem or needed:
+        names = sorted(set(needed) | set(absent))
         python = ".".join(map(str, sys.version_info[:2]))
         return {
-            "blocked": problem or "this interpreter lacks what the engine and the tests import",
-            "needs": missing,
-            "how": f"{wheel_command(missing, python)}; then rerun with --wheels .whl",
+            "blocked": problem or f"this interpreter cannot import {', '.join(needed)}",
+            "needs": names,
+            "how": f"{wheel_command(names, python)} (and what their wheels' Requires-Dist "
+            "name); then rerun with --wheels .whl",
             "gpu": gpu,
         }, gpu
     reason = torch_reason()
-    return ({"blocked": reason, "gpu": gpu} if reason else None), gpu
+    if reason:
+        return {"blocked": reason, "gpu": gpu}, gpu
+    gpu["absent_distributions"] = absent  # declared, but not imported by this run
+    return None, gpu
 
 
 def write(out: dict[str, Any], path: Path) -> Path:

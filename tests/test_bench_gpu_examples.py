@@ -151,3 +151,32 @@ def test_on_a_gpu_it_measures_speedup_and_timing_cv(tmp_path: Path) -> None:
         assert run["runtime_cv"] is None or run["runtime_cv"] >= 0
         assert run["sandbox"]
     assert "| runtime CV |" in done.stdout
+
+
+def test_the_import_check_names_what_the_run_cannot_import() -> None:
+    assert gpu_examples.unimportable() == []  # this venv has everything
+    missing = gpu_examples.unimportable(("htam_engine.loop", "no_such_module_here"))
+    assert missing == ["no-such-module-here"]
+
+
+@pytest.mark.skipif(not NO_GPU, reason="pretends a GPU where torch has none")
+def test_an_interpreter_without_the_packages_is_blocked_with_what_it_needs(
+    tmp_path: Path,
+) -> None:
+    """The GPU machine's python is not this venv: a bare interpreter says what to carry."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    out = tmp_path / "gpu.json"
+    done = subprocess.run(
+        [str(bare / "bin" / "python"), str(SCRIPT), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, **fake_nvidia_smi(tmp_path / "bin")},
+    )
+    data = json.loads(out.read_text())
+    assert done.returncode == 1, done.stderr
+    assert data["blocked"].startswith("this interpreter cannot import")
+    assert {"tree-sitter", "torch", "kernelguard", "pytest"} <= set(data["needs"])
+    assert data["how"].startswith("python3 -m pip download") and "--wheels .whl" in data["how"]
