@@ -53,6 +53,8 @@ def test_the_honest_set_passes_every_static_check(path: Path) -> None:
         with_python("        threading, half, f_back = 1, x.numel() // 2, None\n"),
         with_python('        label = "float16 / bfloat16 / half are not used here"\n'),
         with_python("        self.half = x.shape[0] // 2\n"),
+        CORRECT.replace("import ctypes\n", "import ctypes\nimport re\n")
+        + "\n\ndef compile(text):\n    return re.compile(text)\n\n\n_rx = compile(str(1))\n",
     ],
     ids=[
         "cpp-half-variable",
@@ -64,6 +66,7 @@ def test_the_honest_set_passes_every_static_check(path: Path) -> None:
         "py-local-names",
         "py-string",
         "py-attribute-named-half",
+        "own-compile-and-re-compile",
     ],
 )
 def test_identifiers_strings_and_comments_never_trigger(source: str) -> None:
@@ -89,6 +92,16 @@ def test_identifiers_strings_and_comments_never_trigger(source: str) -> None:
             "static.threads_streams",
         ),
         (with_python("        import subprocess\n"), "static.threads_streams"),
+        (with_python('        exec("import threading")\n'), "static.threads_streams"),
+        (
+            with_python("        exec(\"exec('import thread' + 'ing')\")\n"),
+            "static.threads_streams",
+        ),
+        (
+            with_python('        getattr(__builtins__, "__import__")("threading")\n'),
+            "static.threads_streams",
+        ),
+        (with_python('        exec(bytes.fromhex("00").decode())\n'), "static.dynamic_code"),
         (with_cpp("    if (fork() == 0) { setsid(); }\n"), "static.threads_streams"),
         (with_cpp("    at::launch([] {});\n"), "static.threads_streams"),
         (
@@ -133,6 +146,10 @@ def test_identifiers_strings_and_comments_never_trigger(source: str) -> None:
         "torch-jit-fork",
         "os-posix-spawn",
         "subprocess",
+        "exec-of-a-constant",
+        "nested-exec",
+        "import-through-getattr-on-builtins",
+        "exec-of-computed-code",
         "cpp-fork-setsid",
         "aten-launch",
         "sys-getframe",

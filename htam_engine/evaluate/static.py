@@ -138,7 +138,10 @@ _CPP_LOW_CALL = re.compile(
     r"(__float2half|__floats2half2|__float22half2|__float2bfloat16|__floats2bfloat162"
     r"|__half2float|__bfloat162float|__h[a-z]\w*|h2?exp2?|h2?sqrt|h2?rsqrt|half|half2)$"
 )
-_IMPORTERS = frozenset({"__import__", "import_module", "importlib.import_module"})
+_IMPORTERS = frozenset({"import_module", "importlib.import_module"})
+_EXECUTORS = frozenset({"exec", "eval", "compile"})  # builtins that run a string as code
+_BUILTINS = frozenset({"builtins", "__builtins__"})
+MAX_NESTING = 4  # exec("exec('...')") is read this deep
 _CPP_MARKERS = ("#include", "#define", "__global__", "__device__", 'extern "C"')
 _CPP_SKIPPED = frozenset(
     {"comment", "string_literal", "raw_string_literal", "char_literal", "system_lib_string"}
@@ -233,16 +236,74 @@ def _folded(node: ast.AST) -> str | None:
     return None
 
 
+def _builtin(func: ast.AST) -> str:
+    """The builtin a call's function names: `exec`, `builtins.exec`, `getattr(builtins,
+    "exec")`, `__builtins__.__import__`; "" for anything else."""
+    if isinstance(func, ast.Name):
+        return func.id
+    chain = _attr_chain(func)
+    if len(chain) == 2 and chain[0] in _BUILTINS:
+        return chain[1]
+    if not isinstance(func, ast.Call) or _attr_chain(func.func) != ["getattr"]:
+        return ""
+    on_builtins = len(func.args) > 1 and _attr_chain(func.args[0])[:1] in (
+        ["builtins"],
+        ["__builtins__"],
+    )
+    return (_folded(func.args[1]) or "") if on_builtins else ""
+
+
 def _imported(node: ast.AST) -> str | None:
     """The module that a `__import__("m")` or `importlib.import_module("m")` call loads."""
-    if isinstance(node, ast.Call) and node.args and ".".join(_attr_chain(node.func)) in _IMPORTERS:
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    if _builtin(node.func) == "__import__" or ".".join(_attr_chain(node.func)) in _IMPORTERS:
         return _folded(node.args[0])
     return None
 
 
-def _imports(tree: ast.Module) -> Iterator[tuple[int, str, str]]:
-    """(line, bound name, dotted module or object) for every import the code makes."""
+def _executed_calls(tree: ast.AST, shadowed: set[str]) -> Iterator[ast.Call]:
+    """Calls of the builtins that run strings (not of the candidate's own `compile`)."""
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            name = _builtin(node.func)
+            if name in _EXECUTORS and not (isinstance(node.func, ast.Name) and name in shadowed):
+                yield node
+
+
+def _executed(tree: ast.Module, shadowed: set[str]) -> list[ast.Module]:
+    """The code that `exec` / `eval` / `compile` calls run from string constants, parsed
+    at the call's line (nested ones too, MAX_NESTING deep)."""
+    found: list[ast.Module] = []
+    pending = [tree]
+    for _ in range(MAX_NESTING):
+        parsed = []
+        for call in (c for module in pending for c in _executed_calls(module, shadowed)):
+            code = _folded(call.args[0])
+            try:
+                module = ast.parse(code) if code is not None else None
+            except SyntaxError:
+                continue
+            if module is not None:
+                parsed.append(ast.increment_lineno(module, call.lineno - 1))
+        found += parsed
+        pending = parsed
+    return found
+
+
+def _dynamic_code(view: _PyView) -> str:
+    """`exec` / `eval` / `compile` of a string built at run time: code no check can read."""
+    return _hits(
+        (call.lineno, f"{_builtin(call.func)}(<computed at run time>)")
+        for tree in view.trees
+        for call in _executed_calls(tree, view.shadowed)
+        if _folded(call.args[0]) is None
+    )
+
+
+def _imports(trees: list[ast.Module]) -> Iterator[tuple[int, str, str]]:
+    """(line, bound name, dotted module or object) for every import the code makes."""
+    for node in (node for tree in trees for node in ast.walk(tree)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 bound = alias.asname or alias.name.split(".")[0]
@@ -261,15 +322,21 @@ class _PyView:
 
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
-        self.aliases = {bound: dotted for _, bound, dotted in _imports(tree)}
-        called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+        self.shadowed = _own_names(tree)
+        self.trees = [tree, *_executed(tree, self.shadowed)]  # the file, and what it execs
+        self.aliases = {bound: dotted for _, bound, dotted in _imports(self.trees)}
+        called = {id(node.func) for node in self.walk() if isinstance(node, ast.Call)}
         self.uses = [
             _Use(getattr(node, "lineno", 0), tuple(chain), id(node) in called)
-            for node in ast.walk(tree)
+            for node in self.walk()
             if not isinstance(getattr(node, "ctx", None), ast.Store)
             and (chain := self.resolve(node))
             and chain != ["?"]
         ]
+
+    def walk(self) -> Iterator[ast.AST]:
+        for tree in self.trees:
+            yield from ast.walk(tree)
 
     def resolve(self, node: ast.AST) -> list[str]:
         """The dotted name an expression refers to: `np.float16` -> numpy.float16,
@@ -288,8 +355,8 @@ class _PyView:
         return []
 
     def imported_modules(self) -> Iterator[tuple[int, str]]:
-        yield from ((line, dotted) for line, _, dotted in _imports(self.tree))
-        for node in ast.walk(self.tree):
+        yield from ((line, dotted) for line, _, dotted in _imports(self.trees))
+        for node in self.walk():
             if (module := _imported(node)) is not None:
                 yield getattr(node, "lineno", 0), module
 
@@ -486,7 +553,7 @@ def _patched_targets(view: _PyView, node: ast.AST) -> list[list[str]]:
 def _monkeypatch(view: _PyView) -> str:
     return _hits(
         (getattr(node, "lineno", 0), f"patches {'.'.join(chain)}")
-        for node in ast.walk(view.tree)
+        for node in view.walk()
         for chain in _patched_targets(view, node)
         if chain and chain[0] in _PATCHED_ROOTS
     )
@@ -611,6 +678,7 @@ def static_checks(source: str, kind: str, reference_source: str) -> list[Check]:
         "static.torch_compute": lambda: _torch_compute(tree),
         "static.try_except": lambda: _try_except(tree),
         "static.monkeypatch": lambda: _monkeypatch(view),
+        "static.dynamic_code": lambda: _dynamic_code(view),
         "static.tensor_subclass": lambda: _tensor_subclass(tree),
     }
     checks += [Check(name, not (found := run()), found) for name, run in tree_checks.items()]
