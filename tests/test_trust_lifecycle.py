@@ -110,3 +110,53 @@ def test_a_frozen_worker_burns_no_cpu(tmp_path):
         assert wait_until(lambda: cpu_ticks() > frozen, 2)
     finally:
         child.kill()
+
+
+def test_a_candidate_that_hangs_when_timed_holds_the_lock_only_seconds():
+    path = FIXTURES / "candidates" / "adversarial" / "hang_when_timed.py"
+    verdict = Verdict(device="cpu", sandbox=sandbox_mode())
+    start = time.monotonic()
+    run_candidate(load_task(path), path.read_text(), verdict, QUICK, threading.Event(), print)
+    assert verdict.error is not None and verdict.error.kind == "timeout", verdict.error
+    assert time.monotonic() - start < QUICK.time_s / 4  # the phase limit would be 60 s
+
+
+def test_without_bwrap_the_fallback_runs_and_says_so(monkeypatch):
+    monkeypatch.setenv("HTAM_SANDBOX", "none")
+    sandbox_mode.cache_clear()
+    try:
+        path = FIXTURES / "candidates" / "honest" / "plain.py"
+        verdict = Verdict(device="cpu", sandbox=sandbox_mode())
+        run_candidate(load_task(path), path.read_text(), verdict, QUICK, threading.Event(), print)
+    finally:
+        sandbox_mode.cache_clear()
+    assert verdict.correct, verdict.error
+    assert verdict.sandbox == "none"
+
+
+def test_the_timing_lock_is_machine_wide_not_per_htam_home():
+    """Another HTAM home's evaluation holds the device: this one verifies, then waits."""
+    from htam_engine.evaluate import evaluate
+    from htam_engine.evaluate.judge import timing_lock
+
+    path = FIXTURES / "candidates" / "honest" / "plain.py"
+    timing = threading.Event()
+    result: list[Verdict] = []
+
+    def on_phase(phase: str) -> None:
+        if phase == "time":
+            timing.set()
+
+    def run() -> None:
+        task = load_task(path)
+        result.append(evaluate(task, path.read_text(), device="cpu", limits=QUICK,
+                               use_cache=False, on_phase=on_phase))  # fmt: skip
+
+    with timing_lock("cpu"):
+        worker = threading.Thread(target=run)
+        worker.start()
+        assert timing.wait(60), "never got to timing"
+        worker.join(2.0)
+        assert worker.is_alive()  # waiting for the lock this process holds
+    worker.join(60)
+    assert result and result[0].correct, result

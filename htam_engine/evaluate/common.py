@@ -79,10 +79,15 @@ def changed_attributes(guarded: list[tuple[str, Any, str, Any]]) -> list[str]:
     ]
 
 
-def share_inline_builds(root: Path) -> None:
-    """Make `load_inline` build into a folder of `root` keyed by the hash of its arguments
-    (the worker's own box: a build shared between candidates could be poisoned)."""
+def share_inline_builds(root: Path | None = None) -> None:
+    """Make `load_inline` build into a folder of `root` keyed by the hash of its arguments.
+    A worker gives its own box (a build shared between candidates could be poisoned);
+    trusted tools share one under the HTAM home."""
     original = cpp_extension.load_inline
+    if root is None:
+        from htam_engine.paths import subdir
+
+        root = subdir("torch-extensions")
 
     @functools.wraps(original)
     def load_inline(name: str, *args: Any, **kwargs: Any) -> Any:

@@ -73,6 +73,7 @@ class Child:
         self.name = name
         self.log = log
         self.token = token
+        self.frozen: list[int] = []
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         with log.open("ab") as stderr:
             self.popen = subprocess.Popen(
@@ -240,8 +241,11 @@ def freeze(child: Child) -> None:
         signal_all(new, signal.SIGSTOP)
         stopped.update(new)
         if not new and not any(_running(pid) for pid in members):
-            return
+            break
+    child.frozen = sorted(stopped)
 
 
 def thaw(child: Child) -> None:
-    signal_all(child.members(), signal.SIGCONT)
+    """Let the processes `freeze` stopped go on (none can have started since)."""
+    signal_all(child.frozen or child.members(), signal.SIGCONT)
+    child.frozen = []
