@@ -43,6 +43,7 @@ class Reply:
     stall_silent: bool = False  # stall without a byte (else SSE comments keep it alive)
     usage: bool = True  # OpenAI stream: send the usage chunk when asked for it
     message: str = ""  # the error message (default: "scripted <status>")
+    reasoning: str = ""  # OpenAI stream: chain of thought first, as reasoning_content
 
 
 @dataclass
@@ -107,7 +108,9 @@ def _openai_events(reply: Reply, body: dict[str, Any]) -> list[dict[str, Any]]:
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-    events = [chunk({"role": "assistant", "content": p}, None) for p in _pieces(reply.text)]
+    thinking = _pieces(reply.reasoning) if reply.reasoning else []
+    events = [chunk({"content": None, "reasoning_content": p}, None) for p in thinking]
+    events += [chunk({"role": "assistant", "content": p}, None) for p in _pieces(reply.text)]
     events.append(chunk({}, reply.finish))
     if reply.usage and (body.get("stream_options") or {}).get("include_usage"):
         usage = {"prompt_tokens": reply.input_tokens, "completion_tokens": reply.output_tokens}

@@ -100,8 +100,8 @@ def test_a_budget_must_be_positive(tokens: int | None, usd: float | None) -> Non
 
 STUCK = {
     "slow": Reply(text="x" * 4000, piece_delay_s=0.02),  # generating, never finishing
-    "stall": Reply(text="x" * 400, stall_after=2),  # alive (SSE comments), no more data
-    "silent": Reply(text="x" * 400, stall_after=2, stall_silent=True),  # not a byte more
+    "stall": Reply(text="x" * 400, stall_after=4),  # alive (SSE comments), no more data
+    "silent": Reply(text="x" * 400, stall_after=4, stall_silent=True),  # not a byte more
 }
 
 
@@ -125,9 +125,13 @@ def test_a_stuck_generation_is_abandoned_at_its_deadline(
         assert server.hangups == 1
 
 
+BEFORE_TEXT = {"openai": 0, "anthropic": 2}  # events before the first piece of text
+
+
 @pytest.mark.parametrize("kind", KIND)
-def test_a_server_that_sends_nothing_is_retried(kind: str, server: ScriptedAPIServer) -> None:
-    server.script(*(Reply(stall_after=0, stall_silent=True) for _ in range(2)))
+def test_a_server_that_generates_nothing_is_retried(kind: str, server: ScriptedAPIServer) -> None:
+    stalled = Reply(stall_after=BEFORE_TEXT[kind], stall_silent=True)
+    server.script(stalled, stalled)
     llm = sdk_provider(kind, server, retry=quick(attempts=2))
     started = time.monotonic()
     with pytest.raises(LLMError, match="gave up after 2 attempts"):
@@ -295,3 +299,18 @@ def test_a_too_large_max_tokens_stays_an_error(server: ScriptedAPIServer) -> Non
     with pytest.raises(LLMError, match="HTTP 400.*max_tokens is too large"):
         sdk_provider("openai", server).complete("s", "p", purpose="generate")
     assert len(server.requests) == 1
+
+
+def test_a_model_stuck_in_its_reasoning_is_abandoned_not_retried(
+    server: ScriptedAPIServer,
+) -> None:
+    server.script(Reply(reasoning="hmm " * 100, text="{}", stall_after=3), Reply())
+    llm = sdk_provider("openai", server, retry=quick())
+    with pytest.raises(LLMError, match="still generating"):
+        llm.complete("s", "p", purpose="local")
+    assert len(server.requests) == 1
+
+
+def test_reasoning_is_not_part_of_the_answer(server: ScriptedAPIServer) -> None:
+    server.script(Reply(reasoning="I think omp_simd", text='{"local": "soa_layout"}'))
+    assert sdk_provider("openai", server).complete("s", "p").text == '{"local": "soa_layout"}'

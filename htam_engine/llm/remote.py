@@ -77,10 +77,10 @@ class DeadlineExceeded(Exception):
     """The watchdog closed a stream at its deadline (not an SDK error: never retried
     blindly, see `_classify`)."""
 
-    def __init__(self, deadline_s: float, received: int) -> None:
+    def __init__(self, deadline_s: float, generated: int) -> None:
         super().__init__(f"deadline of {deadline_s:g}s")
         self.deadline_s = deadline_s
-        self.received = received
+        self.generated = generated
 
 
 class StreamBroken(Exception):
@@ -141,12 +141,13 @@ _SDK_ERRORS = (
 def _classify(error: Exception) -> tuple[bool, float | None, str]:
     """(retryable, retry-after seconds, one-line description) for an SDK error.
 
-    A stream the watchdog closed is retried only if the server had sent nothing (it
-    stalled); a generation still running at its deadline would only run out again."""
+    A stream the watchdog closed is retried only if the model had generated nothing
+    (the server stalled); a generation still running at its deadline would only run
+    out again."""
     if isinstance(error, DeadlineExceeded):
-        if error.received:
+        if error.generated:
             return False, None, f"still generating at its {error}; abandoned"
-        return True, None, f"timed out (nothing received within the {error})"
+        return True, None, f"timed out (nothing generated within the {error})"
     if isinstance(error, anthropic.APITimeoutError | openai.APITimeoutError):
         return True, None, "timed out"
     if isinstance(error, (*_TRANSIENT, StreamBroken)):
@@ -186,11 +187,13 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str) -> 
 
 
 class _Watch:
-    """What one streamed call received so far, and whether its deadline closed it."""
+    """What one streamed call received so far (events; pieces of generated text or
+    reasoning), and whether its deadline closed it."""
 
     def __init__(self) -> None:
         self.fired = False
-        self.received = 0
+        self.events = 0
+        self.generated = 0
 
 
 def within_deadline(
@@ -221,7 +224,7 @@ def within_deadline(
         timer.cancel()
         stream.close()
     if watch.fired:
-        raise DeadlineExceeded(seconds, watch.received)
+        raise DeadlineExceeded(seconds, watch.generated)
     return answer
 
 
@@ -437,12 +440,14 @@ def _read_anthropic(stream: Any, watch: _Watch) -> Answer:
     stop_reason = None
     try:
         for event in stream:
-            watch.received += 1
+            watch.events += 1
             if event.type == "message_start":
                 input_tokens = int(event.message.usage.input_tokens)
             elif event.type == "content_block_delta":
                 delta = event.delta
-                parts.append(delta.text if delta.type == "text_delta" else delta.partial_json)
+                watch.generated += 1  # text, tool input or thinking: the model is working
+                if delta.type in {"text_delta", "input_json_delta"}:
+                    parts.append(delta.text if delta.type == "text_delta" else delta.partial_json)
             elif event.type == "message_delta":
                 output_tokens = int(event.usage.output_tokens)
                 stop_reason = event.delta.stop_reason
@@ -450,7 +455,7 @@ def _read_anthropic(stream: Any, watch: _Watch) -> Answer:
         if isinstance(error, json.JSONDecodeError):
             raise
         raise MalformedResponse(f"unexpected Messages API stream ({error})") from None
-    if not watch.received:
+    if not watch.events:
         raise MalformedResponse("unexpected Messages API response (an empty stream)")
     return Answer("".join(parts), input_tokens, output_tokens, stop_reason == "max_tokens")
 
@@ -540,16 +545,19 @@ def _read_openai(stream: Any, watch: _Watch, sent: str) -> Answer:
     finish = None
     try:
         for chunk in stream:
-            watch.received += 1
+            watch.events += 1
             usage = chunk.usage or usage
             if chunk.choices:
-                parts.append(chunk.choices[0].delta.content or "")
+                delta = chunk.choices[0].delta
+                parts.append(delta.content or "")
+                # DeepSeek-R1 and vLLM stream the chain of thought as reasoning_content
+                watch.generated += bool(delta.content or getattr(delta, "reasoning_content", None))
                 finish = chunk.choices[0].finish_reason or finish
     except (AttributeError, IndexError, TypeError, ValueError) as error:
         if isinstance(error, json.JSONDecodeError):
             raise
         raise MalformedResponse(f"unexpected chat completions stream ({error})") from None
-    if not watch.received:
+    if not watch.events:
         raise MalformedResponse("unexpected chat completions response (an empty stream)")
     text = "".join(parts)
     if usage is None:  # some local servers send no usage
