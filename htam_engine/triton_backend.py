@@ -76,18 +76,21 @@ def unlaunched(source: str) -> str | None:
 Benchmark = Callable[..., list[float]]
 
 
-def run_once(kernel_call: Callable[[], Any], quantiles: Sequence[float] = (0.5,)) -> list[float]:
-    """An autotuning "benchmark" for the interpreter: run the config once (so a config
-    that fails fails the candidate) and report the same time for all, so the first
-    config is kept: interpreter times would pick a config at random."""
-    kernel_call()
+def first_config(
+    kernel_call: Callable[[], Any], quantiles: Sequence[float] = (0.5,)
+) -> list[float]:
+    """An autotuning "benchmark" for the interpreter: the same time for every config
+    without running it, so the first config is kept and the candidate runs once per
+    call. Interpreter times would pick a config at random, and running every config
+    multiplies the verification time by the config count."""
     return [0.0 for _ in quantiles]
 
 
-def prepare_interpreter(benchmark: Benchmark = run_once) -> None:
+def prepare_interpreter(benchmark: Benchmark = first_config) -> None:
     """Call in the candidate's process, with TRITON_INTERPRET=1 set and before the
     candidate is imported: `@triton.autotune` otherwise asks for a GPU driver to time its
-    configs and every autotuned candidate crashes on a CPU."""
+    configs and every autotuned candidate crashes on a CPU. On a CPU the first config is
+    the one verified; on a GPU every config is timed and the chosen one verified."""
     from triton.runtime.autotuner import Autotuner
 
     Autotuner.do_bench = staticmethod(benchmark)  # type: ignore[assignment]

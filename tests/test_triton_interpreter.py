@@ -15,16 +15,19 @@ from conftest import require
 from test_examples_cpu import EXAMPLES
 
 from htam_engine import triton_backend
+from htam_engine.strategies import REGISTRY
 from htam_engine.triton_backend import INSTALL_HINT, NOT_TIMED
 
 # Shapes that do not divide the examples' blocks, so every mask is exercised.
 SHAPES = {"gelu": [(3, 1000)], "softmax": [(5, 3000)], "matmul": [(100, 70), (70, 90)]}
 RUNNER = """
 import importlib.util, json, sys
+
 import torch
 from htam_engine import triton_backend
 
-triton_backend.prepare_interpreter()
+if sys.argv[1] == "prepared":
+    triton_backend.prepare_interpreter()
 
 def load(path, name):
     spec = importlib.util.spec_from_file_location(name, path)
@@ -32,7 +35,7 @@ def load(path, name):
     spec.loader.exec_module(module)
     return module
 
-reference_path, shapes, candidates = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
+reference_path, shapes, candidates = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4:]
 reference = load(reference_path, "reference")
 torch.manual_seed(0)
 inputs = [torch.randn(*shape) for shape in shapes]
@@ -50,13 +53,22 @@ def run_candidates(task: str, sources: dict[str, str], folder: Path) -> dict[str
     """The max error of each candidate source against the task's reference (relative to
     the reference's largest value), run by Triton's interpreter in a fresh process with
     the evaluator's Triton environment."""
+    done, paths = _interpret(task, sources, folder, "prepared")
+    assert done.returncode == 0, done.stderr[-3000:]
+    errors = json.loads(done.stdout.splitlines()[-1])
+    return {label: errors[str(path)] for label, path in paths.items()}
+
+
+def _interpret(
+    task: str, sources: dict[str, str], folder: Path, mode: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Path]]:
     require(triton_backend.missing())
     paths = {}
     for label, source in sources.items():
         paths[label] = folder / f"{label.replace('.', '_')}.py"
         paths[label].write_text(source)
     env = {**os.environ, **triton_backend.environment("cpu", folder / "scratch")}
-    argv = [str(EXAMPLES / task / "reference.py"), json.dumps(SHAPES[task])]
+    argv = [mode, str(EXAMPLES / task / "reference.py"), json.dumps(SHAPES[task])]
     done = subprocess.run(
         [sys.executable, "-c", RUNNER, *argv, *map(str, paths.values())],
         env=env,
@@ -64,9 +76,21 @@ def run_candidates(task: str, sources: dict[str, str], folder: Path) -> dict[str
         text=True,
         timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    errors = json.loads(done.stdout.splitlines()[-1])
-    return {label: errors[str(path)] for label, path in paths.items()}
+    return done, paths
+
+
+def test_autotuned_candidates_need_the_prepared_interpreter(tmp_path: Path) -> None:
+    tuned = REGISTRY["triton.autotune"].apply((EXAMPLES / "gelu" / "triton_naive.py").read_text())
+    bare, _ = _interpret("gelu", {"tuned": tuned}, tmp_path, "bare")
+    assert bare.returncode != 0 and "active drivers" in bare.stderr
+    assert run_candidates("gelu", {"tuned": tuned}, tmp_path)["tuned"] < 1e-4
+
+
+def test_the_interpreter_benchmark_never_runs_a_config() -> None:
+    def fail() -> None:
+        raise AssertionError("a config ran")
+
+    assert triton_backend.first_config(fail, (0.5, 0.2, 0.8)) == [0.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("task", sorted(SHAPES))
