@@ -4,6 +4,7 @@ turn, and the checks that keep code that cannot run from ever being compiled."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -183,7 +184,21 @@ def test_the_repair_turn_shows_the_failure_and_asks_for_a_fixed_file(
     assert count_tokens(prompt) < sum(BUDGET.values())
 
 
-def judge(code: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Judgement:
+    """What the tests' judge returns: like the evaluator's Verdict, it has `to_json`."""
+
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.data
+
+
+def judge(code: str) -> Judgement:
+    return Judgement(judge_json(code))
+
+
+def judge_json(code: str) -> dict[str, Any]:
     """A small real judge for these tests: run ModelNew.forward(3) against 3 * 2."""
     namespace: dict[str, Any] = {}
     try:
@@ -209,7 +224,7 @@ def run_attempt(server: ScriptedAPIServer, **kw: Any) -> Any:
 def test_a_correct_first_answer_needs_no_repair(server: ScriptedAPIServer) -> None:
     server.script(Reply(text=fenced(MODEL_NEW.format(n=2))))
     result = run_attempt(server)
-    assert result.verdict["correct"] and not result.repaired
+    assert result.verdict.to_json()["correct"] and not result.repaired
     assert len(server.requests) == 1
 
 
@@ -218,7 +233,7 @@ def test_a_wrong_result_is_repaired_from_the_mismatch(server: ScriptedAPIServer)
         Reply(text=fenced(MODEL_NEW.format(n=3))), Reply(text=fenced(MODEL_NEW.format(n=2)))
     )
     result = run_attempt(server)
-    assert result.repaired and result.verdict["correct"]
+    assert result.repaired and result.verdict.to_json()["correct"]
     assert result.code == MODEL_NEW.format(n=2)
     assert "expected 6, got 9" in server.requests[1].body["messages"][-1]["content"]
     assert result.to_json()["answers"][1]["purpose"] == "repair"
@@ -228,7 +243,7 @@ def test_a_repair_without_code_keeps_the_first_verdict(server: ScriptedAPIServer
     server.script(Reply(text=fenced(MODEL_NEW.format(n=3))), Reply(text="Sorry, no idea."))
     result = run_attempt(server)
     assert result.repaired and result.code == MODEL_NEW.format(n=3)
-    assert result.verdict["error"]["kind"] == "incorrect"
+    assert result.verdict.to_json()["error"]["kind"] == "incorrect"
     assert result.repair_note == "the repair gave no code: no code in the answer"
 
 
@@ -250,17 +265,17 @@ def test_no_code_is_never_evaluated(server: ScriptedAPIServer) -> None:
 def test_the_repair_turn_can_be_off(server: ScriptedAPIServer) -> None:
     server.script(Reply(text=fenced(MODEL_NEW.format(n=3))))
     result = run_attempt(server, repair_turn=False)
-    assert not result.repaired and not result.verdict["correct"]
+    assert not result.repaired and not result.verdict.to_json()["correct"]
 
 
 def test_best_of_keeps_the_fastest_correct_then_the_first_judged() -> None:
-    def made(n: int | None) -> Attempt:
+    def made(n: int | None) -> Attempt[Judgement]:
         code = MODEL_NEW.format(n=n) if n is not None else None
         return Attempt(code, judge(code) if code else None, "" if code else "no code", ())
 
-    fast, slow, wrong, empty = made(2), made(2), made(5), made(None)
+    slow, wrong, empty = made(2), made(5), made(None)
     assert best_of([wrong, slow, empty]) is slow
     assert best_of([wrong, empty]) is wrong
     assert best_of([empty]) is None
-    faster = Attempt(fast.code, {**(fast.verdict or {}), "speedup": 9.0}, "", ())
+    faster = Attempt(slow.code, Judgement({**judge_json(str(slow.code)), "speedup": 9.0}), "", ())
     assert best_of([slow, faster]) is faster

@@ -4,7 +4,8 @@ Each answer comes back as a `Generated`: usable code, or None and the reason (a 
 records `no_code` with it). `needs_repair` and `repair` give a compile error or a wrong
 result one more try, shown the compiler's excerpt or the verifier's mismatch (as
 CudaForge's judge does); `attempt` runs evaluate -> repair -> evaluate with the caller's
-`evaluate` (this package never imports the evaluator), and `best_of` keeps the best.
+`evaluate` (anything with `to_json()`, such as the evaluator's `Verdict`: this package
+never imports the evaluator), and `best_of` keeps the best.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from htam_engine.llm.base import Completion, LLMError, Provider
 from htam_engine.llm.extract import extract_candidate
@@ -135,11 +136,17 @@ def repair(
     return generate(provider, system, prompt, language, entry=entry, purpose="repair")
 
 
-Evaluate = Callable[[str], Mapping[str, Any]]  # code -> Verdict.to_json()
+class Judged(Protocol):
+    """What `attempt` needs of a verdict (the evaluator's `Verdict` is one)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+V = TypeVar("V", bound=Judged)
 
 
 @dataclass(frozen=True)
-class Attempt:
+class Attempt(Generic[V]):
     """One candidate through evaluation and at most one repair turn.
 
     `code` and `verdict` are what the step learns from: the repaired version when the
@@ -147,7 +154,7 @@ class Attempt:
     `answers` holds the first answer and the repair's, if one ran."""
 
     code: str | None
-    verdict: Mapping[str, Any] | None
+    verdict: V | None
     reason: str
     answers: tuple[Generated, ...]
     repair_note: str = ""
@@ -170,28 +177,28 @@ class Attempt:
 def attempt(
     provider: Provider,
     first: Generated,
-    evaluate: Evaluate,
+    evaluate: Callable[[str], V],
     *,
     task_source: str,
     local_text: str,
     language: str,
     entry: str | None = None,
     repair_turn: bool = True,
-) -> Attempt:
+) -> Attempt[V]:
     """Evaluate `first` (from `generate`), and on a repairable failure ask once for a fix
     and evaluate that. A repair that cannot be asked (budget spent, LLM down) or gives
     no code leaves the first verdict standing, with a note saying why."""
     if first.code is None:
         return Attempt(None, None, first.reason, (first,))
     verdict = evaluate(first.code)
-    if not (repair_turn and needs_repair(verdict)):
+    if not (repair_turn and needs_repair(verdict.to_json())):
         return Attempt(first.code, verdict, "", (first,))
     try:
         fixed = repair(
             provider,
             task_source=task_source,
             failed_code=first.code,
-            verdict=verdict,
+            verdict=verdict.to_json(),
             local_text=local_text,
             language=language,
             entry=entry,
@@ -204,10 +211,10 @@ def attempt(
     return Attempt(fixed.code, evaluate(fixed.code), "", (first, fixed))
 
 
-def best_of(attempts: Sequence[Attempt]) -> Attempt | None:
+def best_of(attempts: Sequence[Attempt[V]]) -> Attempt[V] | None:
     """The attempt to keep: the fastest correct one, else the first with code, else None."""
-    judged = [a for a in attempts if a.verdict is not None]
-    correct = [a for a in judged if a.verdict and a.verdict.get("correct")]
+    judged = [(a, a.verdict.to_json()) for a in attempts if a.verdict is not None]
+    correct = [(a, v) for a, v in judged if v.get("correct")]
     if correct:
-        return max(correct, key=lambda a: float((a.verdict or {}).get("speedup") or 0.0))
-    return judged[0] if judged else None
+        return max(correct, key=lambda pair: float(pair[1].get("speedup") or 0.0))[0]
+    return judged[0][0] if judged else None
