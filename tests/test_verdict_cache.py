@@ -4,6 +4,8 @@ JSON, never interpreted; and a verdict is a baseline only when it is clean and t
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import pickle
 import sqlite3
 from pathlib import Path
@@ -171,3 +173,25 @@ def test_a_record_whose_verdict_names_another_sandbox_is_a_miss() -> None:
     entry = key_for("x", "bwrap")
     cache.put(entry, clean("none"), sandbox="bwrap")
     assert cache.get(entry, sandbox="bwrap") is None
+
+
+def _writer(home: str, worker: int) -> None:
+    os.environ["HTAM_HOME"] = home
+    for index in range(40):
+        cache.put(key_for(f"{worker}-{index}", "bwrap"), clean(), sandbox="bwrap")
+
+
+def test_processes_writing_at_once_lose_no_record(home: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_writer, args=(str(home), n)) for n in range(4)]
+    for process in writers:
+        process.start()
+    for process in writers:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    found = [
+        cache.get(key_for(f"{n}-{i}", "bwrap"), sandbox="bwrap")
+        for n in range(4)
+        for i in range(40)
+    ]
+    assert all(verdict is not None and verdict.cached for verdict in found)
