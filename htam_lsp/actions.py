@@ -450,6 +450,36 @@ def provider(ls: Any) -> tuple[str, str]:
     return choose_provider(settings.base_url, cassette, os.environ)
 
 
+# --- results ------------------------------------------------------------------------------
+
+
+def results(ls: Any, doc: Document, unit: Unit) -> dict[str, Any]:
+    """htam.results: the kernel's whole trajectory, what is offered now (with the line
+    each suggestion starts on, for a quickfix list) and the last run's speedup plot."""
+    graph = ls.graph(insight.backend(doc))
+    history = ls.records.history(doc.uri, unit.name)
+    offer = offered(ls, doc, unit)
+    listed = [
+        {
+            "title": render.action_title(graph, s.record, _also(doc, s)),
+            "line": _first_changed_line(doc, s),
+            **suggestion_facts(s.record),
+        }
+        for s in offer.suggestions
+    ]
+    plot = ls.jobs.last_plot(doc.uri, unit.name)
+    parts = render.ResultsParts(unit.name, history, [s["title"] for s in listed], plot)
+    markdown = render.results_markdown(graph, parts, _notes(ls, offer))
+    return {"markdown": markdown, "kernel": unit.name, "suggestions": listed, "plot": plot}
+
+
+def _first_changed_line(doc: Document, suggestion: sg.Suggestion) -> int:
+    text = doc.text
+    old, new = encode(text[suggestion.start : suggestion.end]), encode(suggestion.new)
+    start, _end, _new = _minimal_change(old, new)
+    return doc.index.point(len(encode(text[: suggestion.start])) + start)[0]
+
+
 # --- memory -------------------------------------------------------------------------------
 
 

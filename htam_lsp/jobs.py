@@ -31,6 +31,7 @@ LINE_LIMIT = 32 * 1024 * 1024  # a step event carries the whole candidate source
 NICENESS = 19  # batch work: the editor wins any contention; idle CPUs still go to the job
 GRACE_S = 5.0  # between SIGTERM and SIGKILL
 TERMINAL = ("done", "failed", "cancelled", "refused")
+PLOT = "speedup.png"  # what htam_engine.report writes into a run's output folder
 _ids = itertools.count(1)
 
 
@@ -119,6 +120,14 @@ class JobManager:
 
     def active(self, uri: str) -> Job | None:
         return next((j for j in self.jobs.values() if j.uri == uri and not j.finished), None)
+
+    def last_plot(self, uri: str, kernel: str) -> str | None:
+        """The speedup plot the engine wrote for the kernel's newest finished run."""
+        for job in reversed(list(self.jobs.values())):
+            if job.uri == uri and job.kernel == kernel and isinstance(job.last, events.Result):
+                plot = Path(job.last.output_dir) / PLOT
+                return str(plot) if plot.is_file() else None
+        return None
 
     def by_token(self, token: Any) -> Job | None:
         return next((j for j in self.jobs.values() if j.token == token), None)

@@ -6,6 +6,7 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from htam_engine import events
@@ -143,22 +144,22 @@ def strategy_notes(graph: Any, step: events.Step) -> list[str]:
     return lines
 
 
-def _outcome(step: events.Step) -> str:
+def outcome(step: events.Step) -> str:
     """The step's status, with the engine's own reason when it failed."""
     why = str(step.error.get("message") or "").strip().splitlines()
     return f"{step.status}: {why[0][:120]}" if why and not step.correct else step.status
 
 
-def history_table(graph: Any, history: Sequence[StepRecord]) -> list[str]:
+def history_table(graph: Any, history: Sequence[StepRecord], last: int = 10) -> list[str]:
     lines = [
         "| # | when | direction -> strategy | outcome | vs your code | vs PyTorch |",
         "|---:|---|---|---|---:|---:|",
     ]
-    for record in history[-10:]:
+    for record in history[-last:]:
         step = record.step
         when = datetime.fromtimestamp(record.time).strftime("%m-%d %H:%M")
         lines.append(
-            f"| {record.n} | {when} | {_cell(move(graph, step))} | {_cell(_outcome(step))} "
+            f"| {record.n} | {when} | {_cell(move(graph, step))} | {_cell(outcome(step))} "
             f"| {speedup(step.speedup if step.correct else None)} "
             f"| {speedup(step.ref_speedup)} |"
         )
@@ -199,7 +200,7 @@ def hover_markdown(graph: Any, parts: HoverParts) -> str:
     if parts.history:
         last = parts.history[-1].step
         decision = last.decision
-        lines += [f"**Last step** ({_outcome(last)}):", ""]
+        lines += [f"**Last step** ({outcome(last)}):", ""]
         lines += [*directions_table(graph, decision, decision.get("chosen")), ""]
         lines += ["**Transition evidence**", "", *transition_evidence(graph, decision), ""]
         lines += [*strategy_notes(graph, last), ""]
@@ -216,4 +217,37 @@ def hover_markdown(graph: Any, parts: HoverParts) -> str:
         lines.append("")
     if parts.diff:
         lines += ["**Suggestion** (best verified candidate vs the current text)", "", *parts.diff]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+@dataclass(frozen=True)
+class ResultsParts:
+    """What the results view of one kernel shows."""
+
+    kernel: str
+    history: Sequence[StepRecord]
+    offered: Sequence[str]  # the titles of the actions offered now
+    plot: str | None  # the last run's speedup plot (a PNG path)
+
+
+def results_markdown(graph: Any, parts: ResultsParts, notes: Sequence[str]) -> str:
+    """Every measured step of the kernel, what can be applied now, and the plot."""
+    steps = parts.history
+    correct = [r for r in steps if r.step.correct]
+    best = max((r.step.speedup or 0.0 for r in correct), default=None)
+    lines = [f"### HTAM results: `{parts.kernel}`", ""]
+    lines.append(
+        f"{len(steps)} step(s), {len(correct)} correct, best {speedup(best)} over the code it "
+        "started from."
+        if steps
+        else "No step has run on this kernel yet."
+    )
+    lines.append("")
+    if steps:
+        lines += [*history_table(graph, steps, last=len(steps)), ""]
+    lines += ["**Offered now**", ""]
+    lines += [f"- {title}" for title in parts.offered] or ["- nothing"]
+    lines += ["", *(f"*{note}*" for note in notes)]
+    if parts.plot:
+        lines += ["", f"![speedup per step]({Path(parts.plot).as_uri()})"]
     return "\n".join(lines).rstrip() + "\n"

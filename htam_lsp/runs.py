@@ -135,7 +135,9 @@ def summary(ls: Any, job: Job) -> str:
             f"nothing to apply: no candidate was {threshold:.2f}x faster than your code "
             f"(best {fastest:.2f}x){tail}"
         )
-    return f"nothing to apply: no correct candidate this run{tail}"
+    ran = history[-job.steps_done :] if job.steps_done else []
+    why = "; ".join(f"step {r.step.step} {render.outcome(r.step)}" for r in ran)
+    return f"nothing to apply: no correct candidate ({why or 'no step finished'}){tail}"
 
 
 async def _begin_progress(ls: Any, job: Job) -> bool:

@@ -434,6 +434,15 @@ async def explain(ls: HtamServer, *args: Any) -> dict[str, Any]:
     return {"markdown": actions.explain(ls, doc, unit)}
 
 
+@server.command("htam.results")
+@guarded()
+async def results(ls: HtamServer, *args: Any) -> dict[str, Any]:
+    """The kernel's trajectory, its offered suggestions and the last run's plot."""
+    arg = _argument(args)
+    doc = ls.document(arg.get("uri"))
+    return actions.results(ls, doc, _unit(ls, doc, _position(arg)))
+
+
 @server.command("htam.showMemory")
 @guarded()
 async def show_memory(ls: HtamServer, *args: Any) -> dict[str, Any]:

@@ -153,6 +153,14 @@ async def test_recorded_suggestion_survives_into_a_new_server(
     assert "Risks:" in markdown and "Checks:" in markdown and "| 1.84x |" in markdown
     assert "+        y[i] = x[i] + x[i];  // 𝛼 tiled" in markdown  # the diff of the suggestion
 
+    shown = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.results", [{"uri": uri, "position": _json(where)}])
+    )
+    assert shown is not None and "2 step(s), 2 correct, best 1.84x" in shown["markdown"]
+    assert "| 1.05x |" in shown["markdown"]  # measured, shown, but not offered
+    assert [(s["line"], s["speedup"]) for s in shown["suggestions"]] == [(4, 1.84)]
+    assert shown["suggestions"][0]["title"] == action.title
+
     # An edit elsewhere in the file keeps the suggestion, and the old action still resolves.
     edited = text.replace("void scale_launch(", "// launcher\nvoid scale_launch(")
     _change(client, uri, 2, edited)
@@ -165,3 +173,7 @@ async def test_recorded_suggestion_survives_into_a_new_server(
     _change(client, uri, 3, edited.replace("if (i < n)", "if (i < n && n > 0)"))
     assert await _actions(client, uri, where) == []
     assert "no longer apply: the kernel's text changed" in await _hover(client, uri, where)
+
+
+def _json(position: t.Position) -> dict[str, int]:
+    return {"line": position.line, "character": position.character}

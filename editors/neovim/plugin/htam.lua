@@ -30,6 +30,10 @@ command('HtamExplain', function()
   htam().explain()
 end, { desc = 'HTAM: show the memory rationale in a floating window' })
 
+command('HtamResults', function()
+  htam().results()
+end, { desc = 'HTAM: the kernel\'s trajectory, and its suggestions in the quickfix list' })
+
 command('HtamCancel', function()
   htam().cancel()
 end, { desc = 'HTAM: cancel the running job' })

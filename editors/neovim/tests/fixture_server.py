@@ -69,6 +69,16 @@ def explain(ls: LanguageServer, args: dict[str, Any]) -> dict[str, str]:
     return {"markdown": f"# HTAM rationale\n\nchosen: **Parallelism** for `{args['uri']}`"}
 
 
+@server.command("htam.results")
+def results(ls: LanguageServer, args: dict[str, Any]) -> dict[str, Any]:
+    offered = [
+        {"title": f"apply {name}: {gain:.2f}x faster", "line": 2, "speedup": gain}
+        for name, gain in CANDIDATES.items()
+    ]
+    markdown = "### HTAM results: `ModelNew`\n\n| # | outcome |\n|---|---|\n| 1 | improved |\n"
+    return {"markdown": markdown, "kernel": "ModelNew", "suggestions": offered, "plot": None}
+
+
 @server.command("htam.showMemory")
 def show_memory(ls: LanguageServer, args: dict[str, Any]) -> dict[str, Any]:
     return {"markdown": f"# HTAM memory\n\nbackend: {args.get('backend', 'all')}", "memory": {}}

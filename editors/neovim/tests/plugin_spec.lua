@@ -39,7 +39,7 @@ H.run({
   {
     'plugin defines the commands and loads nothing else',
     function()
-      local names = { 'Next', 'Optimize', 'Apply', 'Diff', 'Explain', 'Cancel', 'Memory' }
+      local names = { 'Next', 'Optimize', 'Apply', 'Diff', 'Explain', 'Results', 'Cancel', 'Memory' }
       for _, suffix in ipairs(names) do
         local name = 'Htam' .. suffix
         H.eq(2, vim.fn.exists(':' .. name), name .. ' exists')
@@ -199,6 +199,22 @@ H.run({
       local text = H.float_text()
       H.truthy(text:find('HTAM rationale', 1, true), 'rationale shown: ' .. text)
       H.truthy(text:find(vim.uri_from_fname(kernel), 1, true), 'for this file: ' .. text)
+    end,
+  },
+  {
+    ':HtamResults shows the trajectory and fills the quickfix list',
+    function()
+      local kernel_buf = vim.api.nvim_get_current_buf()
+      vim.cmd('HtamResults')
+      H.wait(5000, function()
+        return vim.api.nvim_buf_get_name(0) == 'htam://results'
+      end, 'the results buffer')
+      H.truthy(H.buffer_text(0):find('HTAM results', 1, true), 'results: ' .. H.buffer_text(0))
+      local qf = vim.fn.getqflist({ items = 1, title = 1 })
+      H.eq('HTAM: ModelNew', qf.title, 'quickfix title')
+      H.eq(2, #qf.items, 'one entry per suggestion')
+      H.eq({ kernel_buf, 3 }, { qf.items[1].bufnr, qf.items[1].lnum }, 'on the kernel buffer')
+      vim.cmd.close()
     end,
   },
   {

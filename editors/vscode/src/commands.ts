@@ -5,6 +5,7 @@ export const SERVER_COMMANDS = [
   "htam.nextStep",
   "htam.optimize",
   "htam.explain",
+  "htam.results",
   "htam.showMemory",
   "htam.cancel",
 ] as const;
@@ -45,6 +46,7 @@ export function commandArguments(
   switch (command) {
     case "htam.nextStep":
     case "htam.explain":
+    case "htam.results":
       return [kernelArgument(context)];
     case "htam.optimize":
       return [{ ...kernelArgument(context), steps: context.steps }];

@@ -343,6 +343,30 @@ function M.explain()
   end)
 end
 
+--- The kernel's results (`:HtamResults`): its trajectory in a scratch buffer, and the
+--- suggestions offered now in the quickfix list (one entry on each one's first line).
+function M.results()
+  local client = get_client()
+  if not client then
+    return
+  end
+  local bufnr = vim.api.nvim_get_current_buf()
+  execute(client, 'htam.results', { here(client) }, function(result)
+    if type(result) ~= 'table' or type(result.markdown) ~= 'string' then
+      say('htam.results returned nothing', WARN)
+      return
+    end
+    local items = vim.tbl_map(function(s)
+      return { bufnr = bufnr, lnum = s.line + 1, col = 1, text = s.title }
+    end, result.suggestions or {})
+    vim.fn.setqflist({}, ' ', { title = 'HTAM: ' .. tostring(result.kernel), items = items })
+    ui.scratch('htam://results', result.markdown)
+    if #items > 0 then
+      say(('%d suggestion(s) in the quickfix list (:copen)'):format(#items))
+    end
+  end)
+end
+
 --- Cancel the running job (`:HtamCancel`).
 function M.cancel()
   local client = get_client(true)
