@@ -87,7 +87,10 @@ def binding_directive(doc: Document, unit: Unit, all_units: list[Unit]) -> str:
     """The directive line that binds `unit`'s file to its reference and host entry."""
     reference = guess_reference(doc) or "REFERENCE.py"
     hosts = [u.name for u in all_units if u.kind == "host"]
-    entry = unit.launchers[0] if unit.launchers else (hosts[0] if hosts else "HOST_FUNCTION")
+    if unit.kind == "host":
+        entry = unit.name  # the host function under the cursor is the entry
+    else:
+        entry = unit.launchers[0] if unit.launchers else (hosts[0] if hosts else "HOST_FUNCTION")
     return f"// htam: reference={reference} entry={entry}\n"
 
 

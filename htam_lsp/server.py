@@ -221,6 +221,9 @@ async def initialized(ls: HtamServer, params: t.InitializedParams) -> None:
     # Everything imported so far lives as long as the server: keep it out of the garbage
     # collector's full passes, which otherwise show up as latency spikes.
     gc.freeze()
+    ignored = ls.problems.get("initializationOptions")
+    if ignored:
+        ls.show("HTAM settings ignored: " + "; ".join(ignored), t.MessageType.Warning)
     await pull_configuration(ls)
 
 

@@ -12,6 +12,11 @@ return {
     config.init_options = vim.tbl_extend('force', config.init_options or {}, htam)
     params.initializationOptions = config.init_options
   end,
+  -- Neovim 0.11 shows code lenses only when asked: the "Optimize with HTAM" and "Best:"
+  -- lenses are refreshed on attach, on entering the buffer and after leaving insert mode.
+  on_attach = function(client, bufnr)
+    require('htam.lenses').attach(client, bufnr)
+  end,
   on_exit = function(code, signal)
     require('htam').on_exit(code, signal)
   end,

@@ -37,6 +37,14 @@ local function preferred_candidate(client)
   return chosen.title, edits
 end
 
+--- The titles of the code lenses Neovim shows in the current buffer.
+local function lens_titles()
+  local titles = vim.tbl_map(function(lens)
+    return lens.command and lens.command.title or ''
+  end, vim.lsp.codelens.get(0))
+  return table.concat(titles, '\n')
+end
+
 H.run({
   {
     'htam-lsp attaches to the example kernel',
@@ -52,6 +60,9 @@ H.run({
       vim.cmd.edit(kernel)
       H.attached(30000)
       H.truthy(vim.fn.search('class ModelNew') > 0, 'the kernel is in the file')
+      H.wait(15000, function()
+        return lens_titles():find('Optimize with HTAM', 1, true) ~= nil
+      end, 'the code lenses to show')
       -- An unsaved edit: the job must optimize the buffer, not the file on disk.
       vim.api.nvim_buf_set_lines(0, 0, 0, false, { '# unsaved edit' })
       original = H.buffer_text(0)
@@ -79,6 +90,9 @@ H.run({
         return m.msg:find('HTAM:', 1, true) ~= nil
       end, H.messages)
       H.eq(1, #said, 'one message for the whole step: ' .. vim.inspect(said))
+      H.wait(15000, function()
+        return lens_titles():find('Best: ', 1, true) ~= nil
+      end, 'the lens to show the result:\n' .. lens_titles())
     end,
   },
   {

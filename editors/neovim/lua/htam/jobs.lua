@@ -86,6 +86,9 @@ function M.on_job_state(_, result, _)
   M.jobs[key] = job
   if not previous or previous.state ~= job.state then
     report(job)
+    if TERMINAL[job.state] and job.uri then -- the lenses now show the result
+      require('htam.lenses').refresh(vim.uri_to_bufnr(job.uri))
+    end
   end
   vim.api.nvim_exec_autocmds('User', { pattern = 'HtamJobState', modeline = false, data = job })
 end
