@@ -22,6 +22,7 @@ from typing import Any
 from htam_engine import events, parsing
 from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
 from htam_engine.evaluate import Verdict, evaluate
+from htam_engine.evaluate.cache import usable_as_baseline
 from htam_engine.events import Phase, Step
 from htam_engine.llm import LLMError, Provider, count_tokens, extract_code, generation_prompt
 from htam_engine.memory import Graph, MemoryStore
@@ -160,12 +161,12 @@ class Optimizer:
     # -- the loop -------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        start = self._evaluate(0, self.result.best_source)
+        start = self._measure(0, self.result.best_source)
         self.result.start_verdict = start.to_json()
         if start.error and start.error.kind in UNRUNNABLE:
             self.result.stopped = f"cannot run the starting implementation: {start.error.message}"
             return self.result
-        if start.correct and start.speedup:
+        if usable_as_baseline(start):
             self.result.start_ref_speedup = self.result.best_ref_speedup = start.speedup
         for step in range(1, self.config.steps + 1):
             if self.cancel.is_set():
@@ -204,7 +205,7 @@ class Optimizer:
             verdict_json: dict[str, Any] = {"compiled": False, "correct": False, "error": None}
             status, speedup_vs_best = Status.NO_CODE, None
         else:
-            verdict = self._evaluate(step, candidate, g, local_id)
+            verdict = self._measure(step, candidate, g, local_id)
             if verdict.error and verdict.error.kind in UNRUNNABLE:
                 raise RunStopped(verdict.error.kind)  # says nothing about the strategy
             verdict_json = verdict.to_json()
@@ -278,7 +279,21 @@ class Optimizer:
         answer = self.provider.complete(system, prompt, purpose="generate")
         return extract_code(answer.text, language), count_tokens(system + prompt)
 
-    def _evaluate(self, step: int, source: str, g: str = "", local: str = "") -> Verdict:
+    def _measure(self, step: int, source: str, g: str = "", local: str = "") -> Verdict:
+        """A verdict fit to compare against: a cached verdict that is no baseline (suspect,
+        recorded without the sandbox) and a fresh suspect one are measured once more."""
+        verdict = self._evaluate(step, source, g, local)
+        if (
+            verdict.correct
+            and (verdict.suspect or verdict.cached)
+            and not usable_as_baseline(verdict)
+        ):
+            verdict = self._evaluate(step, source, g, local, use_cache=False)
+        return verdict
+
+    def _evaluate(
+        self, step: int, source: str, g: str = "", local: str = "", use_cache: bool = True
+    ) -> Verdict:
         def on_phase(phase: str) -> None:
             self._phase(step, phase, g, local)
 
@@ -286,6 +301,7 @@ class Optimizer:
             self.task,
             source,
             device=self.config.device,
+            use_cache=use_cache,
             cancel=self.cancel,
             on_phase=on_phase,
         )
@@ -300,6 +316,8 @@ class Optimizer:
             return failed.get(kind or "", Status.INCORRECT), None
         best = self.result.best_ref_speedup
         ratio = verdict.speedup / best if best is not None and verdict.speedup else None
+        if not usable_as_baseline(verdict):  # suspect even when re-timed: never a new best
+            return Status.NOT_IMPROVED, ratio
         return self.episode.judge(ratio), ratio
 
     def _learn(

@@ -204,3 +204,22 @@ def test_a_strategy_that_failed_is_not_tried_again_in_the_run(task: Path, tmp_pa
     optimizer._learn(decision, Status.COMPILE_ERROR, {"compiled": False}, None, source)
     later = optimizer._applicability(graph, source + "\n// another version\n")
     assert later[decision.local_id] == "failed earlier in this run (compile_error)"
+
+
+def test_a_suspect_speedup_never_becomes_the_best(task: Path, tmp_path: Path) -> None:
+    from htam_engine.evaluate import Verdict
+    from htam_engine.loop import LoopConfig, Optimizer
+    from htam_engine.memory import MemoryStore
+    from htam_engine.task import load_task
+    from htam_engine.vocabulary import Status
+
+    loaded = load_task(task)
+    store = MemoryStore(tmp_path / "home")
+    config = LoopConfig(steps=1, device="cpu")
+    optimizer = Optimizer(loaded, "", provider=None, store=store, config=config)
+    optimizer.result.best_ref_speedup = 0.5
+    timed = {"compiled": True, "correct": True, "runtime_ms": 0.1, "ref_runtime_ms": 2.0}
+    honest = Verdict(**timed, speedup=2.0)
+    suspect = Verdict(**timed, speedup=20.0, suspect=True)
+    assert optimizer._status(honest) == (Status.IMPROVED, 4.0)
+    assert optimizer._status(suspect) == (Status.NOT_IMPROVED, 40.0)
