@@ -44,6 +44,7 @@ def run_lua(script: Path, tmp_path: Path, timeout: int) -> subprocess.CompletedP
         "XDG_STATE_HOME": str(tmp_path / "state"),
         "TMPDIR": str(tmp_path),
         "HTAM_LUA_TEST": str(script),
+        "HTAM_CAPTURES": str(ROOT / "test-artifacts" / "neovim"),  # screen captures
     }
     command = [str(NVIM), "--headless", "--clean", "-u", "NONE", "-c", RUNNER]
     done = subprocess.run(

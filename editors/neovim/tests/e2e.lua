@@ -90,6 +90,7 @@ H.run({
         return m.msg:find('HTAM:', 1, true) ~= nil
       end, H.messages)
       H.eq(1, #said, 'one message for the whole step: ' .. vim.inspect(said))
+      H.capture('neovim-step-done-one-message')
       H.wait(15000, function()
         return lens_titles():find('Best: ', 1, true) ~= nil
       end, 'the lens to show the result:\n' .. lens_titles())
@@ -119,6 +120,7 @@ H.run({
       vim.fn.search('class ModelNew', 'w')
       vim.cmd('HtamExplain')
       local text = H.float_text()
+      H.capture('neovim-explain')
       H.truthy(#vim.trim(text) > 0, 'rationale is not empty')
       io.stdout:write('  rationale starts: ' .. text:sub(1, 120):gsub('\n', ' | ') .. '\n')
     end,

@@ -10,6 +10,7 @@ H.tests = here
 H.messages = {}
 
 function H.load_plugin()
+  vim.o.columns, vim.o.lines = 110, 32 -- the size of the screen captures
   vim.opt.rtp:prepend(H.root)
   vim.cmd('filetype on')
   vim.cmd.runtime('plugin/htam.lua')
@@ -96,6 +97,38 @@ function H.checkhealth()
   local text = H.buffer_text(0)
   vim.cmd('tabclose')
   return text
+end
+
+--- The text on the screen (floating windows included), as a user would see it.
+---@return string
+function H.screen()
+  vim.cmd('redraw!')
+  local rows = {}
+  for row = 1, vim.o.lines do
+    local chars = {}
+    for col = 1, vim.o.columns do
+      chars[#chars + 1] = vim.fn.screenstring(row, col)
+    end
+    rows[#rows + 1] = (table.concat(chars):gsub('%s+$', ''))
+  end
+  return table.concat(rows, '\n')
+end
+
+--- Save a screen capture (and the messages since `from`) as `$HTAM_CAPTURES/<name>.txt`.
+---@param name string
+---@param from? integer index into H.messages
+function H.capture(name, from)
+  local folder = vim.env.HTAM_CAPTURES
+  if not folder or folder == '' then
+    return
+  end
+  vim.fn.mkdir(folder, 'p')
+  local said = {}
+  for i = (from or 0) + 1, #H.messages do
+    said[#said + 1] = H.messages[i].msg
+  end
+  local text = H.screen() .. '\n\n-- messages --\n' .. table.concat(said, '\n') .. '\n'
+  vim.fn.writefile(vim.split(text, '\n', { plain = true }), folder .. '/' .. name .. '.txt')
 end
 
 --- Run the named test functions in order; stop at the first failure.

@@ -156,6 +156,7 @@ H.run({
       H.eq(before, H.buffer_text(kernel_buf), 'the kernel buffer is unchanged')
       H.eq(true, vim.wo[vim.fn.bufwinid(scratch)].diff, 'the suggestion is diffed')
       H.eq(true, vim.wo[vim.fn.bufwinid(kernel_buf)].diff, 'against the kernel')
+      H.capture('neovim-diff-before-apply')
       vim.cmd('diffoff!')
       vim.api.nvim_win_close(vim.fn.bufwinid(scratch), true)
     end,
@@ -205,6 +206,7 @@ H.run({
     ':HtamResults shows the trajectory and fills the quickfix list',
     function()
       local kernel_buf = vim.api.nvim_get_current_buf()
+      local kernel_win = vim.api.nvim_get_current_win()
       vim.cmd('HtamResults')
       H.wait(5000, function()
         return vim.api.nvim_buf_get_name(0) == 'htam://results'
@@ -214,7 +216,11 @@ H.run({
       H.eq('HTAM: ModelNew', qf.title, 'quickfix title')
       H.eq(2, #qf.items, 'one entry per suggestion')
       H.eq({ kernel_buf, 3 }, { qf.items[1].bufnr, qf.items[1].lnum }, 'on the kernel buffer')
-      vim.cmd.close()
+      vim.cmd('copen')
+      H.capture('neovim-results-and-quickfix')
+      vim.cmd('cclose')
+      vim.api.nvim_win_close(vim.fn.bufwinid('htam://results'), true)
+      vim.api.nvim_set_current_win(kernel_win)
     end,
   },
   {
@@ -296,6 +302,7 @@ H.run({
       local from = #H.messages
       vim.cmd('HtamNext')
       local msg = H.wait_message('cannot start: `htam-lsp-that-does-not-exist`', from)
+      H.capture('neovim-broken-server-command', from)
       H.eq(vim.log.levels.WARN, msg.level, 'a warning')
     end,
   },
