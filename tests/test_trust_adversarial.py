@@ -3,6 +3,9 @@ honest set accepted. The trusted side must hold on its own, so most of these go 
 to `run_candidate` (past the static checks, as a candidate that evades them would)."""
 
 import os
+import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -91,6 +94,12 @@ def test_a_forged_result_never_reaches_the_caller():
     assert expected in failed(verdict), verdict.checks
 
 
+def test_no_input_is_ever_given_twice():
+    verdict = measure(CANDIDATES / "adversarial" / "value_cache.py")
+    assert verdict.correct, verdict.error
+    assert len(verdict.samples["candidate"]) >= 10
+
+
 def test_every_call_has_the_same_stack():
     """The stack walker works only while the stack matches the first (verified) call's:
     verified and timed calls are made from the same place, so it always works."""
@@ -135,3 +144,29 @@ def test_the_candidate_sees_no_key_and_cannot_write_the_htam_home(htam_home, mon
     else:
         assert verdict.error and "OPENAI_API_KEY" not in verdict.error.message
     assert "sk-test" not in str(verdict.to_json())
+
+
+@pytest.mark.skipif(sandbox_mode() != "bwrap", reason="what only the sandbox closes")
+def test_the_sandbox_closes_processes_network_and_the_file_system(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        path = CANDIDATES / "adversarial" / "escape_probe.py"
+        port = str(server.getsockname()[1])
+        source = path.read_text().replace("{port}", port).replace("{outside}", str(outside))
+        verdict = measure(path, source)
+    assert verdict.correct, verdict.error  # it raises with every way out that worked
+    assert not list(outside.iterdir())
+
+
+def test_the_editor_can_ask_for_the_sandbox_mode_without_torch():
+    code = (
+        "import sys\n"
+        "from htam_engine.evaluate.sandbox import sandbox_mode\n"
+        "print(sandbox_mode(), 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [sandbox_mode(), "False"]

@@ -53,6 +53,14 @@ _LAYOUT_OPS = LAYOUT_OPS | {
     "item",
     "_local_scalar_dense",
     "from_file",  # the harness maps its buffers
+    "flatten",
+    "unflatten",
+    "narrow",
+    "view_as",
+    "reshape_as",
+    "expand_as",
+    "resolve_conj",
+    "resolve_neg",
 }
 
 
