@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import require
@@ -21,19 +22,39 @@ from htam_engine.triton_backend import INSTALL_HINT, NOT_TIMED
 # Shapes that do not divide the examples' blocks, so every mask is exercised.
 SHAPES = {"gelu": [(3, 1000)], "softmax": [(5, 3000)], "matmul": [(100, 70), (70, 90)]}
 RUNNER = """
-import importlib.util, json, sys
+import contextlib, importlib.util, json, sys
 
 import torch
 from htam_engine import triton_backend
 
-if sys.argv[1] == "prepared":
-    triton_backend.prepare_interpreter()
+NUMPY_CALLS = []
+
+
+def probe(frame, event, arg):  # like the evaluator's library probe
+    if event == "call" and "/numpy/" in frame.f_code.co_filename:
+        NUMPY_CALLS.append(frame.f_code.co_name)
+
+
+@contextlib.contextmanager
+def paused():
+    previous = sys.getprofile()
+    sys.setprofile(None)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+
+
+if sys.argv[1] != "bare":
+    triton_backend.prepare_interpreter(unwatched=paused if sys.argv[1] == "paused" else None)
+
 
 def load(path, name):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
 
 reference_path, shapes, candidates = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4:]
 reference = load(reference_path, "reference")
@@ -43,9 +64,11 @@ expected = reference.Model(*reference.get_init_inputs())(*inputs)
 errors = {}
 for i, path in enumerate(candidates):
     model = load(path, f"candidate{i}").ModelNew(*reference.get_init_inputs())
-    error = (model(*inputs) - expected).abs().max() / expected.abs().max()
-    errors[path] = error.item()
-print(json.dumps(errors))
+    sys.setprofile(probe)
+    actual = model(*inputs)
+    sys.setprofile(None)
+    errors[path] = ((actual - expected).abs().max() / expected.abs().max()).item()
+print(json.dumps({"errors": errors, "numpy_calls": len(NUMPY_CALLS)}))
 """
 
 
@@ -53,10 +76,17 @@ def run_candidates(task: str, sources: dict[str, str], folder: Path) -> dict[str
     """The max error of each candidate source against the task's reference (relative to
     the reference's largest value), run by Triton's interpreter in a fresh process with
     the evaluator's Triton environment."""
-    done, paths = _interpret(task, sources, folder, "prepared")
+    return interpret(task, sources, folder, "prepared")["errors"]
+
+
+def interpret(task: str, sources: dict[str, str], folder: Path, mode: str) -> dict[str, Any]:
+    """The runner's report: `errors` by label and the `numpy_calls` a profile hook like
+    the evaluator's library probe saw during the calls."""
+    done, paths = _interpret(task, sources, folder, mode)
     assert done.returncode == 0, done.stderr[-3000:]
-    errors = json.loads(done.stdout.splitlines()[-1])
-    return {label: errors[str(path)] for label, path in paths.items()}
+    report = json.loads(done.stdout.splitlines()[-1])
+    errors = {label: report["errors"][str(path)] for label, path in paths.items()}
+    return {"errors": errors, "numpy_calls": report["numpy_calls"]}
 
 
 def _interpret(
@@ -84,6 +114,14 @@ def test_autotuned_candidates_need_the_prepared_interpreter(tmp_path: Path) -> N
     bare, _ = _interpret("gelu", {"tuned": tuned}, tmp_path, "bare")
     assert bare.returncode != 0 and "active drivers" in bare.stderr
     assert run_candidates("gelu", {"tuned": tuned}, tmp_path)["tuned"] < 1e-4
+
+
+def test_launches_run_outside_the_library_probe_when_the_worker_asks(tmp_path: Path) -> None:
+    source = {"naive": (EXAMPLES / "gelu" / "triton_naive.py").read_text()}
+    watched = interpret("gelu", source, tmp_path, "prepared")
+    assert watched["numpy_calls"] > 0  # the interpreter computes with numpy
+    paused = interpret("gelu", source, tmp_path, "paused")
+    assert paused["numpy_calls"] == 0 and paused["errors"]["naive"] < 1e-4
 
 
 def test_the_interpreter_benchmark_never_runs_a_config() -> None:
@@ -148,3 +186,27 @@ def test_a_candidate_must_launch_a_triton_kernel() -> None:
     )
     assert "gelu_kernel) are never launched" in (triton_backend.unlaunched(torch_only) or "")
     assert "no @triton.jit kernel" in (triton_backend.unlaunched("import torch\n") or "")
+
+
+def test_kernels_and_grids_may_call_only_triton() -> None:
+    source = (EXAMPLES / "gelu" / "triton_naive.py").read_text()
+    body = "y = 0.5 * x * (1.0 + tl.erf(x * 0.70710678118654752))"
+    grid = 'lambda meta: (triton.cdiv(n, meta["BLOCK"]),)'
+    assert body in source and grid in source
+    for task in SHAPES:
+        tuned = REGISTRY["triton.autotune"].apply((EXAMPLES / task / "triton_naive.py").read_text())
+        assert triton_backend.foreign_calls(tuned) == ""
+    cheats = {
+        body: "y = torch.nn.functional.gelu(x) + np.zeros(1)",
+        "mask = offsets < n": "mask = offsets < n\n    exp = np.exp\n    x = exp(x)",
+        grid: 'lambda meta: (work(x), triton.cdiv(n, meta["BLOCK"]))',
+    }
+    found = [triton_backend.foreign_calls(source.replace(*pair)) for pair in cheats.items()]
+    assert found == [
+        "line 15: torch.nn.functional.gelu; line 15: np.zeros",
+        "line 15: exp",
+        "line 27: work",
+    ]
+    fine = source.replace("mask = offsets < n", "mask = (offsets < n).to(tl.int1)")
+    fine = "from triton.language.extra import libdevice\n" + fine.replace("tl.erf", "libdevice.erf")
+    assert triton_backend.foreign_calls(fine) == ""

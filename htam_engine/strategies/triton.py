@@ -104,23 +104,24 @@ def kernels(root: Node) -> list[Kernel]:
     return found
 
 
-def _grid_text(launch: Launch) -> str:
-    """The grid's code: the expression, or the def / assignment a grid name refers to."""
+def grid_code(launch: Launch) -> Node:
+    """The grid's code: the expression, or the def / assignment a grid name refers to in
+    the launch's scope."""
     if launch.grid.type != "identifier":
-        return text(launch.grid)
+        return launch.grid
     scope = launch.call.parent
     while scope is not None and scope.type not in ("function_definition", "module"):
         scope = scope.parent
     for node in parsing.walk(scope) if scope is not None else []:
         named = node.child_by_field_name("name" if node.type == "function_definition" else "left")
         if node.type in ("function_definition", "assignment") and text(named) == text(launch.grid):
-            return text(node)
-    return text(launch.grid)
+            return node
+    return launch.grid
 
 
 def _hard_coded(launch: Launch, values: dict[str, int]) -> str | None:
     """Why the grid would not follow new values of `values` (it repeats a literal)."""
-    grid = _grid_text(launch)
+    grid = text(grid_code(launch))
     for name, value in values.items():
         if re.search(rf"(?<![\w.]){value}(?![\w.])", grid):
             return f"the grid hard-codes {name}={value}: derive it from meta (lambda meta: ...)"
