@@ -276,7 +276,7 @@ def suggestion_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]
         data = {"uri": doc.uri, "kernel": unit.name, **suggestion_facts(record)}
         node = graph.locals.get(record.step.local_id)
         action = t.CodeAction(
-            title=render.action_title(graph, record, _also(doc, s)),
+            title=render.action_title(graph, record, _also(graph, doc, s)),
             kind=f"{ACTION_KIND}.{record.step.local_id}",
             is_preferred=rank == 0 and not record.non_portable,
             data=data,
@@ -307,17 +307,25 @@ def suggestion_facts(record: sg.StepRecord) -> dict[str, Any]:
     }
 
 
-def _also(doc: Document, suggestion: sg.Suggestion) -> list[str]:
-    """Static features the whole edit adds besides its strategy (e.g. restrict pointers)."""
+def _also(graph: Any, doc: Document, suggestion: sg.Suggestion) -> list[str]:
+    """Static features the whole edit adds that its strategy's name does not already say
+    (e.g. a flags strategy that also adds __restrict__: "restrict pointers")."""
     key = f"also:{suggestion.record.n}"
     if key not in doc.cache:
         back = insight.backend(doc)
         before = parsing.features(doc.source, back)
         after = parsing.features(encode(applied_text(doc, suggestion)), back)
+        name = render.node_name(graph, suggestion.record.step.local_id).lower()
         gained = sorted(tag for tag in after - before if not tag.startswith("no_"))
-        doc.cache[key] = [tag.replace("_", " ") for tag in gained]
+        doc.cache[key] = [tag.replace("_", " ") for tag in gained if not _said(tag, name)]
     cached: list[str] = doc.cache[key]
     return cached
+
+
+def _said(tag: str, name: str) -> bool:
+    """Whether a strategy's name already says what the feature tag says."""
+    words = [w for w in tag.lower().split("_") if w not in ("opt", "loads", "pointers")]
+    return all(w in name for w in words)
 
 
 def _tag_support(ls: Any) -> bool:
@@ -351,25 +359,21 @@ def suggestion_edit(ls: Any, doc: Document, data: dict[str, Any]) -> t.Workspace
 def _workspace_edit(
     ls: Any, doc: Document, edit: t.TextEdit, record: sg.StepRecord
 ) -> t.WorkspaceEdit:
-    """The edit, as a change that asks for confirmation (VS Code opens its refactor
-    preview with the diff) where the client supports change annotations."""
+    """The edit, labelled with its speedup where the client supports change annotations
+    (VS Code's refactor preview, Ctrl+Enter in the light bulb, shows the diff and label).
+    It does not need confirmation: accepting stays one step and one undo."""
     if not (
         ls.caps("workspace.workspace_edit.change_annotation_support")
         and ls.caps("workspace.workspace_edit.document_changes")
     ):
         return t.WorkspaceEdit(changes={doc.uri: [edit]})
-    label = f"HTAM: {record.step.local_id} ({render.speedup(record.step.speedup)})"
+    label = f"HTAM: {record.step.local_id} ({render.speedup(record.step.speedup)} measured)"
     annotated = t.AnnotatedTextEdit(annotation_id="htam", range=edit.range, new_text=edit.new_text)
+    identifier = t.OptionalVersionedTextDocumentIdentifier(doc.uri, doc.version)
     return t.WorkspaceEdit(
-        document_changes=[
-            t.TextDocumentEdit(
-                t.OptionalVersionedTextDocumentIdentifier(doc.uri, doc.version), [annotated]
-            )
-        ],
+        document_changes=[t.TextDocumentEdit(identifier, [annotated])],
         change_annotations={
-            "htam": t.ChangeAnnotation(
-                label, needs_confirmation=True, description="a verified HTAM candidate"
-            )
+            "htam": t.ChangeAnnotation(label, description="a verified HTAM candidate")
         },
     )
 
@@ -461,7 +465,7 @@ def results(ls: Any, doc: Document, unit: Unit) -> dict[str, Any]:
     offer = offered(ls, doc, unit)
     listed = [
         {
-            "title": render.action_title(graph, s.record, _also(doc, s)),
+            "title": render.action_title(graph, s.record, _also(graph, doc, s)),
             "line": _first_changed_line(doc, s),
             **suggestion_facts(s.record),
         }

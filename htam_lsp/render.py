@@ -48,16 +48,13 @@ def move(graph: Any, step: events.Step) -> str:
 
 def action_title(graph: Any, record: StepRecord, also: Sequence[str]) -> str:
     """`HTAM: apply Data Reuse -> tiling: 1.46x faster than your code (0.42 -> 0.29 ms;
-    PyTorch 0.25 ms), correct on 3 inputs`, plus what else the edit does and whether it
-    holds only on this machine, like ruff's unsafe fixes."""
+    PyTorch 0.25 ms), correct on 3 inputs; also <what else the edit adds>`, with edits
+    that hold only on this machine labelled first, like ruff's unsafe fixes."""
     inputs = record.inputs
     checked = f"correct on {inputs} input{'s' if inputs != 1 else ''}" if inputs else "correct"
-    title = f"HTAM: apply {move(graph, record.step)}: {gain_text(record)}, {checked}"
-    if also:
-        title += f"; also {', '.join(also)}"
-    if record.non_portable:
-        title += f" [non-portable: {', '.join(record.non_portable)}]"
-    return title
+    label = f" [non-portable: {', '.join(record.non_portable)}]" if record.non_portable else ""
+    title = f"HTAM: apply {move(graph, record.step)}{label}: {gain_text(record)}, {checked}"
+    return f"{title}; also {', '.join(also)}" if also else title
 
 
 def best_lens_title(graph: Any, record: StepRecord | None, slower: float | None) -> str | None:

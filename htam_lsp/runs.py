@@ -67,11 +67,15 @@ def refusal(ls: Any, doc: Document, unit: discovery.Unit) -> str | None:
             "'bind to its reference' (or add an htam.toml [[kernel]] entry) first"
         )
     if insight.backend(doc) == "cuda" and (ls.settings.device == "cpu" or not insight.has_gpu()):
-        where = "device is set to cpu" if ls.settings.device == "cpu" else "no NVIDIA GPU here"
+        where = (
+            "the device setting is cpu"
+            if ls.settings.device == "cpu"
+            else "there is no NVIDIA GPU here (no /dev/nvidiactl, no nvidia-smi)"
+        )
         return (
-            f"HTAM did not start: {unit.name} is a CUDA kernel and {where} "
-            "(no /dev/nvidiactl, no nvidia-smi), so no candidate could be verified or timed. "
-            "Run HTAM on a machine with a GPU; here `htam eval` compile-checks it with nvcc."
+            f"HTAM did not start: {unit.name} is a CUDA kernel and {where}, so no candidate "
+            "could be verified or timed. Run HTAM on a machine with a GPU; here `htam eval` "
+            "compile-checks it with nvcc."
         )
     return None
 

@@ -12,10 +12,10 @@ from fixtures.lsp.lspkit import (
     CLIENTS,
     FIXTURES,
     HOME,
+    annotated,
     apply_edits,
     edits_of,
     find,
-    needs_confirmation,
     open_file,
     server_config,
 )
@@ -137,8 +137,8 @@ async def test_recorded_suggestion_survives_into_a_new_server(
     assert action.is_preferred and list(action.tags or []) == [t.CodeActionTag.LlmGenerated]
     resolved = await client.code_action_resolve_async(action)
     assert apply_edits(text, edits_of(resolved.edit, uri), encoding) == candidate
-    # VS Code shows the diff in its refactor preview first; Neovim applies it directly.
-    assert needs_confirmation(resolved.edit) == (spec == "visual-studio-code")
+    # VS Code labels it for its refactor preview; Neovim gets plain changes.
+    assert annotated(resolved.edit) == (spec == "visual-studio-code")
 
     lenses = await client.text_document_code_lens_async(
         t.CodeLensParams(t.TextDocumentIdentifier(uri))

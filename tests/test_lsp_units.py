@@ -144,3 +144,17 @@ def test_a_job_ends_with_the_engines_own_word():
     assert state == "failed" and "exit code -9" in message and "last words" in message
     job.cancel_requested = True
     assert ending(job, -15, "")[0] == "cancelled"
+
+
+def test_titles_label_non_portable_edits_first_and_say_only_what_the_name_does_not():
+    from htam_lsp import render
+    from htam_lsp.actions import _said
+
+    old, new = 'cflags=["-O2"]', 'cflags=["-O3", "-march=native"]'
+    record = sg.StepRecord(1, _step(1.5, ""), 0.0, sg.Anchor(old, new))
+    title = render.action_title(None, record, ["restrict pointers"])
+    assert title.startswith("HTAM: apply g -> l [non-portable: -march=native]: 1.50x faster")
+    assert title.endswith("(1.5 -> 1 ms), correct; also restrict pointers")
+    name = "-o3 -march=native"
+    assert _said("march_native", name) and _said("opt_O3", name)
+    assert not _said("restrict_pointers", name)
