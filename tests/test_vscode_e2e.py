@@ -70,6 +70,7 @@ USER_SETTINGS = {
 }
 STARTUP_S = 60
 STEP_TIMEOUT_S = 300
+WIN_ATTEMPTS = 3  # steps to find one measured win on a loaded machine
 
 
 def _tool_env() -> dict[str, str]:
@@ -406,13 +407,11 @@ def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
     vscode.wait_status(r"idle \(restricted\)", STARTUP_S)
     _trust_workspace(vscode)
     vscode.wait_status(IDLE, STARTUP_S)
-    vscode.go_to_kernel()
-    vscode.palette("HTAM: Next Step")
-    vscode.wait_status(r"measuring|step \d+ of 1|queued|\d+\.\d+x|nothing to apply", 60)
-    vscode.shot("running")
-    finished = vscode.wait_status(r"HTAM: (\d+\.\d+x|nothing to apply|failed)", STEP_TIMEOUT_S)
-    vscode.shot("step-finished")
-    assert re.search(r"\d+\.\d+x", finished), f"{finished}\n{vscode.htam_log()}"
+    for attempt in range(1, WIN_ATTEMPTS + 1):
+        if _step_found_a_win(vscode, attempt):
+            break
+    else:
+        raise AssertionError(f"{WIN_ATTEMPTS} steps found nothing faster\n{vscode.htam_log()}")
     # One notification for the step, in the server's words, offering the actions.
     vscode.page.locator(".notification-toast", has_text="faster than your code").first.wait_for()
     assert "Show Actions" in vscode.notifications()
@@ -503,6 +502,27 @@ def test_cuda_without_gpu_is_refused_with_the_reason_and_a_reference_gets_nothin
     assert time.monotonic() - started < 20, "the refusal took as long as a run"
     assert "nvcc" in vscode.notifications()
     assert not (vscode.htam_home / "lsp-runs").exists(), "a job ran without a GPU"
+
+
+def _step_found_a_win(vscode: VSCode, attempt: int) -> bool:
+    """Runs one step; True when it offers a win. A step on this busy machine may measure
+    a slowdown: then nothing may be offered (the light bulb has no apply action)."""
+    vscode.go_to_kernel()
+    vscode.palette("HTAM: Next Step")
+    vscode.wait_status(r"measuring|step \d+ of 1|queued", 60)
+    vscode.shot(f"running-{attempt}")
+    finished = vscode.wait_status(r"HTAM: (\d+\.\d+x|nothing to apply|failed)", STEP_TIMEOUT_S)
+    vscode.shot(f"step-finished-{attempt}")
+    assert "failed" not in finished, vscode.htam_log()
+    if re.search(r"\d+\.\d+x", finished):
+        return True
+    vscode.go_to_kernel()
+    vscode.page.keyboard.press("Control+.")
+    vscode.page.locator(".action-widget .monaco-list-row").first.wait_for()
+    rows = vscode.page.locator(".action-widget .monaco-list-row").all_inner_texts()
+    assert not any("HTAM: apply" in row for row in rows), f"a non-win was offered: {rows}"
+    vscode.page.keyboard.press("Escape")
+    return False
 
 
 def _trust_workspace(vscode: VSCode) -> None:

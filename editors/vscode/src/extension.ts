@@ -34,6 +34,9 @@ import {
   findInterpreter,
   installHint,
   interpreterCandidates,
+  interpreterChoices,
+  PATH_NAMES,
+  probeInterpreter,
   SERVER_ARGS,
 } from "./interpreter";
 import { isTerminal, JobTracker, type JobState, parseJobState, progressMessage } from "./jobs";
@@ -190,7 +193,7 @@ class Htam implements vscode.Disposable {
       await this.startClient();
     } catch (error) {
       this.client = undefined;
-      this.fail(`HTAM: htam-lsp failed to start: ${String(error)}`);
+      this.fail(`HTAM: htam-lsp failed to start: ${oneLine(error)}`);
     } finally {
       this.starting = false;
       this.renderStatus();
@@ -249,6 +252,11 @@ class Htam implements vscode.Disposable {
     return {
       documentSelector: DOCUMENTS,
       outputChannel: this.log,
+      // Our own one-line message (with what to do) instead of the client's stack trace.
+      initializationFailedHandler: (error) => {
+        this.log.error(`htam-lsp did not initialize: ${String(error)}`);
+        return false;
+      },
       initializationOptions: initializationOptions(settings(), trusted),
       synchronize: { configurationSection: "htam" },
       middleware: {
@@ -293,13 +301,70 @@ class Htam implements vscode.Disposable {
       ),
     );
     this.failure = message;
-    void vscode.window.showErrorMessage(message, "Open Settings", "Show Log").then((choice) => {
-      if (choice === "Open Settings") {
-        void vscode.commands.executeCommand("workbench.action.openSettings", "htam.interpreter");
+    const choices = ["Choose Interpreter", "Install htam Here", "Open Settings", "Show Log"];
+    void vscode.window.showErrorMessage(message, ...choices).then((choice) => {
+      if (choice === "Choose Interpreter") {
+        void this.chooseInterpreter();
+      } else if (choice === "Install htam Here") {
+        this.installHere();
+      } else if (choice === "Open Settings") {
+        // `@id:` finds the setting in remote windows (code-server) too.
+        void vscode.commands.executeCommand(
+          "workbench.action.openSettings",
+          "@id:htam.interpreter",
+        );
       } else if (choice === "Show Log") {
         this.log.show();
       }
     });
+  }
+
+  /** A quick pick of the interpreters here, those that can run htam-lsp first. */
+  async chooseInterpreter(): Promise<void> {
+    const commands = [...(await this.knownInterpreters()), ...PATH_NAMES];
+    const probed = await Promise.all(
+      commands.map(async (command) => ({ command, result: await probeInterpreter(command) })),
+    );
+    const rows = interpreterChoices(probed);
+    const picked = await vscode.window.showQuickPick(rows, {
+      title: "HTAM: interpreter for htam-lsp",
+      placeHolder: "Interpreters that can import htam_lsp come first",
+    });
+    if (!picked) {
+      return;
+    }
+    if (!picked.ok) {
+      this.installHere(picked.label);
+      return;
+    }
+    const config = vscode.workspace.getConfiguration("htam");
+    await config.update("interpreter", picked.label, vscode.ConfigurationTarget.Global);
+    await this.restart(`interpreter chosen: ${picked.label}`);
+  }
+
+  /** A terminal that installs htam into `python` (the user sees and runs pip). */
+  private installHere(python = interpreterSetting() || "python3"): void {
+    const terminal = vscode.window.createTerminal({ name: "HTAM: install" });
+    terminal.show();
+    terminal.sendText(`${python} -m pip install htam`, false);
+    void vscode.window.showInformationMessage(
+      `HTAM: press Enter in the terminal to run pip, then HTAM: Restart Server.`,
+    );
+  }
+
+  private async knownInterpreters(): Promise<string[]> {
+    if (!vscode.extensions.getExtension("ms-python.python")) {
+      return [];
+    }
+    try {
+      const api = await PythonExtension.api();
+      return api.environments.known
+        .map((env) => env.executable.uri?.fsPath)
+        .filter((path): path is string => typeof path === "string");
+    } catch (error) {
+      this.log.warn(`The Python extension listed no environments: ${String(error)}`);
+      return [];
+    }
   }
 
   private async pythonExtensionInterpreter(): Promise<string | undefined> {
@@ -451,6 +516,12 @@ class Htam implements vscode.Disposable {
   }
 }
 
+/** An error's message on one line: never a stack trace in a toast (the log has it). */
+function oneLine(error: unknown): string {
+  const message = error instanceof Error ? error.message : String(error);
+  return message.split(/\r?\n/)[0] ?? message;
+}
+
 let htam: Htam | undefined;
 
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
@@ -466,6 +537,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.commands.registerCommand("htam.setApiKey", () => instance.setApiKey()),
     vscode.commands.registerCommand("htam.optimizeN", () => instance.optimizeN()),
     vscode.commands.registerCommand("htam.showLog", () => log.show()),
+    vscode.commands.registerCommand("htam.chooseInterpreter", () => instance.chooseInterpreter()),
     vscode.workspace.onDidGrantWorkspaceTrust(() =>
       instance.restart("workspace trusted: execution allowed"),
     ),

@@ -123,3 +123,31 @@ export function installHint(candidates: InterpreterCandidate[], failures: string
     "that has it."
   );
 }
+
+/** Interpreter names worth trying on PATH, besides the configured candidates. */
+export const PATH_NAMES = ["python3", "python3.13", "python3.12", "python3.11", "python"];
+
+export interface Probed {
+  command: string;
+  result: ProbeResult;
+}
+
+/** Quick pick rows: interpreters that can run htam-lsp first, each said once. */
+export function interpreterChoices(
+  probed: Probed[],
+): { label: string; description: string; ok: boolean }[] {
+  const seen = new Set<string>();
+  const rows = [];
+  for (const { command, result } of probed) {
+    if (seen.has(command)) {
+      continue;
+    }
+    seen.add(command);
+    rows.push({
+      label: command,
+      description: result.ok ? "can run htam-lsp" : `cannot: ${result.detail}`,
+      ok: result.ok,
+    });
+  }
+  return rows.sort((a, b) => Number(b.ok) - Number(a.ok));
+}

@@ -7,6 +7,7 @@ import {
   findInterpreter,
   installHint,
   interpreterCandidates,
+  interpreterChoices,
   probeInterpreter,
 } from "../src/interpreter";
 
@@ -100,4 +101,21 @@ test("the install hint names the interpreter and both install commands", () => {
   assert.match(hint, /\/usr\/bin\/python3 -m pip install -e <path-to-htam>/);
   assert.match(hint, /No module named 'htam_lsp'/);
   assert.match(hint, /htam\.interpreter/);
+});
+
+test("the interpreter pick lists those that can run htam-lsp first, each once", () => {
+  const failed = { ok: false, detail: "ModuleNotFoundError: No module named 'htam_lsp'" };
+  const rows = interpreterChoices([
+    { command: "python3", result: failed },
+    { command: "/venv/bin/python", result: { ok: true, detail: "" } },
+    { command: "python3", result: failed },
+  ]);
+  assert.deepEqual(
+    rows.map((r) => [r.label, r.ok]),
+    [
+      ["/venv/bin/python", true],
+      ["python3", false],
+    ],
+  );
+  assert.match(rows[1]?.description ?? "", /^cannot: ModuleNotFoundError/);
 });
