@@ -100,6 +100,7 @@ class HtamServer(LanguageServer):
         self.provider: events.Start | None = None  # the last worker's own word
         self.problems: dict[str, list[str]] = {}  # ignored settings, by where they came from
         self.client_name = ""  # clientInfo.name: advice in the client's own terms
+        self.focus = ""  # the document the user worked in last (for commands without one)
         self.compile_errors: dict[str, tuple[str, int, str]] = {}  # uri -> (source, line, msg)
         self._graphs: dict[str, Any] = {}
         self._diagnostic_timers: dict[str, asyncio.TimerHandle] = {}
@@ -262,6 +263,7 @@ def apply_settings(ls: HtamServer, raw: Any) -> None:
 def did_open(ls: HtamServer, params: t.DidOpenTextDocumentParams) -> None:
     item = params.text_document
     ls.docs.open(item.uri, item.language_id, item.version, item.text)
+    ls.focus = item.uri
     ls.schedule_diagnostics(item.uri)
 
 
@@ -284,6 +286,7 @@ def did_change(ls: HtamServer, params: t.DidChangeTextDocumentParams) -> None:
         else:
             doc.replace(change.text, params.text_document.version)
     doc.version = params.text_document.version
+    ls.focus = doc.uri
     ls.schedule_diagnostics(doc.uri)
 
 
@@ -322,6 +325,7 @@ def hover(ls: HtamServer, params: t.HoverParams) -> t.Hover | None:
     doc = ls.docs.get(params.text_document.uri)
     if doc is None:
         return None
+    ls.focus = doc.uri
     unit = discovery.kernel_around(doc, ls.offset(doc, params.position))
     if unit is None:
         return None
@@ -344,6 +348,7 @@ def code_action(ls: HtamServer, params: t.CodeActionParams) -> list[t.CodeAction
     doc = ls.docs.get(params.text_document.uri)
     if doc is None:
         return []
+    ls.focus = doc.uri
     start = ls.offset(doc, params.range.start)
     found = actions.code_actions(ls, doc, start)
     only = params.context.only
@@ -449,9 +454,11 @@ async def results(ls: HtamServer, *args: Any) -> dict[str, Any]:
 @server.command("htam.showMemory")
 @guarded()
 async def show_memory(ls: HtamServer, *args: Any) -> dict[str, Any]:
-    """The memory of `backend`, else of the open document's backend (`uri`), else cuda."""
+    """The memory of `backend`, else of the document's backend (`uri`, else the document
+    the user worked in last), else cuda."""
     arg = _argument(args)
-    default = insight.backend(ls.document(arg["uri"])) if arg.get("uri") else "cuda"
+    doc = ls.document(arg["uri"]) if arg.get("uri") else ls.docs.get(ls.focus)
+    default = insight.backend(doc) if doc is not None and doc.language else "cuda"
     backend = arg.get("backend", default)
     if backend not in ("cuda", "cpu"):
         raise JsonRpcInvalidParams("HTAM: backend must be 'cuda' or 'cpu'")

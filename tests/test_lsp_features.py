@@ -212,6 +212,11 @@ async def test_explain_and_show_memory_commands(client: LanguageClient):
     assert memory["memory"]["backend"] == "cpu"
     assert memory["memory"]["directions"] and "| direction |" in memory["markdown"]
     cpu_uri = open_file(client, REPO / "examples" / "softmax" / "cpu_naive.py", "python")
+    # Without a uri (the focus is on a preview, say): the document worked in last.
+    focused = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.showMemory", [{}])
+    )
+    assert focused is not None and focused["memory"]["backend"] == "cpu"
     for open_uri, backend in ((cpu_uri, "cpu"), (uri, "cuda")):
         shown = await client.workspace_execute_command_async(
             t.ExecuteCommandParams("htam.showMemory", [{"uri": open_uri}])
