@@ -61,6 +61,8 @@ class Step:
     verdict: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     prompt_tokens: int = 0
+    note: str = ""  # why there was no code, or how a repair turn went
+    llm: dict[str, Any] = field(default_factory=dict)  # LLM attempts and this step's usage
 
     @property
     def compiled(self) -> bool:

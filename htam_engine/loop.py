@@ -19,13 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from htam_engine import events, parsing
+from htam_engine import events, implement, parsing
 from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
 from htam_engine.evaluate import Verdict, evaluate
 from htam_engine.evaluate.cache import usable_as_baseline
 from htam_engine.events import Phase, Step
-from htam_engine.llm import LLMError, Provider, count_tokens, extract_code, generation_prompt
-from htam_engine.memory import Graph, MemoryStore
+from htam_engine.implement import Implemented
+from htam_engine.llm import LLMError, Provider, generation_prompt, translation_prompt
+from htam_engine.memory import START, Graph, LocalNode, MemoryStore
 from htam_engine.policy import EvidenceLocalSelector, LocalSelector, PolicyConfig
 from htam_engine.policy.llm_chooser import LLMLocalSelector
 from htam_engine.state import State
@@ -37,6 +38,7 @@ Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
 # Verdicts that say nothing about a strategy: learning from them would only add noise.
 UNRUNNABLE = {"no_gpu", "cancelled"}
+TRANSLATE = "translate"  # the local id of step 0 when the LLM writes the first version
 
 
 class RunStopped(Exception):
@@ -50,6 +52,7 @@ class LoopConfig:
     seed: int = 0
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     improve_margin: float = IMPROVE_MARGIN
+    candidates: int = 1  # LLM answers per step (best-of-k)
 
 
 @dataclass
@@ -62,6 +65,7 @@ class RunResult:
     steps: list[Step] = field(default_factory=list)
     best_source: str = ""
     best_step: int = 0  # 0 = the starting implementation
+    translation: Step | None = None  # step 0 when the LLM wrote the starting implementation
     best_ref_speedup: float | None = None
     start_ref_speedup: float | None = None
     stopped: str = "completed"
@@ -92,6 +96,7 @@ class RunResult:
             "output_dir": self.output_dir,
             "start_verdict": self.start_verdict,
             "best_source": self.best_source,
+            "translation": _step_json(self.translation) if self.translation else None,
             "steps": [_step_json(s) for s in self.steps],
         }
 
@@ -161,11 +166,10 @@ class Optimizer:
     # -- the loop -------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        start = self._measure(0, self.result.best_source)
-        self.result.start_verdict = start.to_json()
-        if start.error and start.error.kind in UNRUNNABLE:
-            self.result.stopped = f"cannot run the starting implementation: {start.error.message}"
+        start = self._translate() if not self.result.best_source else self._start()
+        if start is None:
             return self.result
+        self.result.start_verdict = start.to_json()
         if usable_as_baseline(start):
             self.result.start_ref_speedup = self.result.best_ref_speedup = start.speedup
         for step in range(1, self.config.steps + 1):
@@ -200,14 +204,12 @@ class Optimizer:
         g, local_id = decision.global_id, decision.local_id
         self.tried.add((local_id, current))
         self._phase(step, "generate", g, local_id)
-        candidate, tokens = self._generate(graph.locals[local_id], current, state)
-        if candidate is None:
+        made = self._implement(step, graph.locals[local_id], current, g, local_id)
+        candidate, verdict = made.code, made.verdict
+        if candidate is None or verdict is None:
             verdict_json: dict[str, Any] = {"compiled": False, "correct": False, "error": None}
             status, speedup_vs_best = Status.NO_CODE, None
         else:
-            verdict = self._measure(step, candidate, g, local_id)
-            if verdict.error and verdict.error.kind in UNRUNNABLE:
-                raise RunStopped(verdict.error.kind)  # says nothing about the strategy
             verdict_json = verdict.to_json()
             status, speedup_vs_best = self._status(verdict)
             if status == Status.IMPROVED:
@@ -227,10 +229,52 @@ class Optimizer:
             local_decision=decision.local.to_json(),
             verdict=verdict_json,
             source=candidate or "",
-            prompt_tokens=tokens,
+            prompt_tokens=_input_tokens(made),
+            note=made.note,
+            llm=made.llm,
         )
         self.emit(record)
         return record
+
+    def _start(self) -> Verdict | None:
+        """The starting implementation's verdict; None when it cannot run at all."""
+        start = self._measure(0, self.result.best_source)
+        if start.error and start.error.kind in UNRUNNABLE:
+            self.result.start_verdict = start.to_json()
+            self.result.stopped = f"cannot run the starting implementation: {start.error.message}"
+            return None
+        return start
+
+    def _translate(self) -> Verdict | None:
+        """Step 0 of a task without an implementation (a KernelBench problem): the LLM
+        writes a first ModelNew, measured like any candidate; None when it is not correct."""
+        if self.provider is None:
+            self.result.stopped = "nothing to start from and no LLM to write a first version"
+            return None
+        self._phase(0, "generate", START, TRANSLATE)
+        prompt = translation_prompt(self.task.reference_source, self.task.backend)
+        made = implement.with_llm(
+            self.provider,
+            prompt,
+            self._measurer(0, START, TRANSLATE),
+            task=self.task,
+            local_text="a first, correct custom-kernel version of the reference",
+            purpose="translate",
+        )
+        verdict = made.verdict
+        status = self._status(verdict)[0] if verdict else Status.NO_CODE
+        self.result.translation = Step(
+            0, START, TRANSLATE, "no implementation to start from", status, 0.0, None,
+            verdict=verdict.to_json() if verdict else {}, source=made.code or "",
+            prompt_tokens=_input_tokens(made), note=made.note, llm=made.llm,
+        )  # fmt: skip
+        self.emit(self.result.translation)
+        if made.code is None or verdict is None or not verdict.correct:
+            why = made.note or (verdict.error.message if verdict and verdict.error else "")
+            self.result.stopped = f"the translated first version is not correct: {status} {why}"
+            return None
+        self.result.best_source = made.code
+        return verdict
 
     # -- pieces of a step -----------------------------------------------------------
 
@@ -260,12 +304,14 @@ class Optimizer:
             best_speedup=self.result.best_speedup,
         )
 
-    def _generate(self, node: Any, current: str, state: State) -> tuple[str | None, int]:
+    def _implement(
+        self, step: int, node: LocalNode, current: str, g: str, local_id: str
+    ) -> Implemented:
+        measure = self._measurer(step, g, local_id)
         if node.mechanical:
-            return REGISTRY[node.mechanical].apply(current), 0
+            return implement.mechanical(node.mechanical, current, measure)
         assert self.provider is not None  # non-mechanical nodes are inapplicable offline
-        language = "cuda" if self.task.kind == "cu" else "python"
-        system, prompt = generation_prompt(
+        prompt = generation_prompt(
             task_source=self.task.reference_source,
             current_code=current,
             feedback=self._feedback_text(),
@@ -274,10 +320,28 @@ class Optimizer:
                 node.evidence_positive[0].code_excerpt if node.evidence_positive else None
             ),
             negative_warnings=[e.note or e.code_excerpt for e in node.evidence_negative],
-            language=language,
+            language=implement.language_of(self.task)[0],
         )
-        answer = self.provider.complete(system, prompt, purpose="generate")
-        return extract_code(answer.text, language), count_tokens(system + prompt)
+        return implement.with_llm(
+            self.provider,
+            prompt,
+            measure,
+            task=self.task,
+            local_text=node.prompt_text(),
+            candidates=self.config.candidates,
+        )
+
+    def _measurer(self, step: int, g: str, local_id: str) -> implement.Measure:
+        """`_measure` for this step; a verdict that says nothing about the strategy (no GPU,
+        cancelled) stops the run instead."""
+
+        def measure(code: str) -> Verdict:
+            verdict = self._measure(step, code, g, local_id)
+            if verdict.error and verdict.error.kind in UNRUNNABLE:
+                raise RunStopped(verdict.error.kind)
+            return verdict
+
+        return measure
 
     def _measure(self, step: int, source: str, g: str = "", local: str = "") -> Verdict:
         """A verdict fit to compare against: a cached verdict that is no baseline (suspect,
@@ -376,6 +440,10 @@ def _restrict_to_applicable(graph: Graph, applicable: dict[str, str | None]) -> 
         locals=runnable,
         edges=graph.edges,
     )
+
+
+def _input_tokens(made: Implemented) -> int:
+    return int(made.llm.get("usage", {}).get("input_tokens", 0))
 
 
 def _excerpt(source: str, limit: int = 600) -> str:

@@ -42,13 +42,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the policy's sampling")
     p.add_argument("--start", help="take the starting implementation from this file")
     p.add_argument("--output", help="output folder (default .htam-out/<task>-<run id>)")
+    p.add_argument("--candidates", type=int, default=1, help="LLM answers per step (best-of-k)")
+    p.add_argument("--budget-tokens", type=int, help="stop the run's LLM calls past N tokens")
+    p.add_argument("--budget-usd", type=float, help="stop the run's LLM calls past X dollars")
     p.add_argument("--json", action="store_true", help="print one JSON result on stdout")
     p.add_argument("--events", action="store_true", help="print JSON-line events on stdout")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from htam_engine.llm import LLMError, make_provider
+    from htam_engine.llm import LLMError, RunBudget, make_provider
     from htam_engine.loop import LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
     from htam_engine.report import write_outputs
@@ -59,23 +62,33 @@ def run(args: argparse.Namespace) -> int:
     task = load_task(Path(args.task))
     if args.start:
         task = with_start(task, Path(args.start))
-    start_source = task.impl_source
-    if not start_source:
-        raise NoStartError(
-            f"{args.task} is a task without an implementation to start from (a KernelBench "
-            "problem: Model, no ModelNew): write a ModelNew (see examples/) or pass "
-            "--start FILE"
-        )
+    if args.candidates < 1:
+        raise UserError("--candidates must be at least 1")
     try:
+        budget = (
+            RunBudget(max_tokens=args.budget_tokens, max_usd=args.budget_usd)
+            if args.budget_tokens is not None or args.budget_usd is not None
+            else None
+        )
         provider, why = make_provider(
             args.provider,
             model=args.model,
             base_url=args.base_url,
             cassette=args.cassette,
             record=args.record,
+            budget=budget,
         )
     except LLMError as error:
         raise UserError(str(error)) from None
+    start_source = task.impl_source or ""
+    if not start_source and provider is None:
+        raise NoStartError(
+            f"{args.task} is a task without an implementation to start from (a KernelBench "
+            f"problem: Model, no ModelNew) and the provider is offline ({why}). With an LLM "
+            "provider (ANTHROPIC_API_KEY, OPENAI_API_KEY or HTAM_LLM_BASE_URL, or --provider "
+            "replay --cassette FILE) htam first has it write ModelNew; offline, write a "
+            "ModelNew (see examples/) or pass --start FILE"
+        )
     console = Console(stderr=True, quiet=args.json or args.events)
     console.print(f"[bold]provider:[/] {why}")
     display = _Display(console, args.events, args.steps)
@@ -86,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         start_source,
         provider=provider,
         store=MemoryStore(),
-        config=LoopConfig(steps=args.steps, device=args.device, seed=args.seed),
+        config=LoopConfig(
+            steps=args.steps, device=args.device, seed=args.seed, candidates=args.candidates
+        ),
         emit=display.emit,
     )
     result = _run_interruptibly(optimizer, console)
@@ -94,6 +109,12 @@ def run(args: argparse.Namespace) -> int:
     result.output_dir = str(write_outputs(result, output, suffix=Path(args.task).suffix))
     optimizer.persist()
     summary = result.to_json()
+    if provider is not None:
+        summary["llm"] = {
+            "usage": provider.usage.to_json(),
+            "budget": budget.to_json() if budget else None,
+        }
+        console.print(provider.usage.line())
     if args.events:
         display.emit(result.result_event())
     elif args.json:
@@ -104,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"results in [bold]{result.output_dir}[/]")
     if result.stopped == "interrupted":
         return 130
-    return 0 if result.correct else 1
+    llm_failed = result.stopped.startswith("LLM failed")
+    return 0 if result.correct and not (llm_failed and not result.steps) else 1
 
 
 def _run_interruptibly(optimizer: Any, console: Console) -> Any:

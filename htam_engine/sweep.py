@@ -92,6 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--problems", help="problem ids, e.g. 1-10,19 (default: all)")
     p.add_argument("--steps", type=int, default=4, help="steps T per problem (default 4)")
     p.add_argument("--provider", default="auto", help="LLM provider (as for htam optimize)")
+    p.add_argument("--model", help="model name for the provider")
+    p.add_argument("--base-url", help="base URL of an OpenAI-compatible server")
     p.add_argument("--cassette", help="JSONL cassette for --provider replay")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--out", default=".htam-bench", help="output folder (one folder a problem)")
@@ -169,6 +171,8 @@ def select(
 def optimize_argv(args: argparse.Namespace) -> list[str]:
     """The `htam optimize` flags every problem shares."""
     argv = ["--steps", str(args.steps), "--provider", args.provider, "--device", args.device]
+    for flag, value in (("--model", args.model), ("--base-url", args.base_url)):
+        argv += [flag, value] if value else []
     return argv + (["--cassette", str(Path(args.cassette).resolve())] if args.cassette else [])
 
 

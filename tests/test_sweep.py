@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 from conftest import require
+from llm_api_server import Reply, Request, ScriptedAPIServer
 
 from htam_engine import sweep
 from htam_engine.errors import UserError
 
 KERNELBENCH = Path(__file__).parent / "fixtures" / "kernelbench"
+TRANSLATION = Path(__file__).parent / "fixtures" / "loop" / "relu_translation.py"
 
 
 def result(key: str, correct: bool, speedup: float | None) -> sweep.ProblemResult:
@@ -88,3 +90,42 @@ def test_problems_run_as_tasks_on_a_local_ray_cluster(tmp_path: Path) -> None:
     keys = [p["key"] for p in json.loads(done.stdout)["problems"]]
     assert keys == ["level3/1_MLP", "level3/35_LSTM"]
     assert all((out / key / "result.json").is_file() for key in keys)
+
+
+class Translator(ScriptedAPIServer):
+    """Writes a first ModelNew for a bare problem; picks the first strategy offered."""
+
+    def _next(self, request: Request) -> Reply:
+        prompt = request.body["messages"][-1]["content"]
+        if "first, correct custom-kernel implementation" in prompt:
+            return Reply(text=f"```python\n{TRANSLATION.read_text()}```")
+        offered = [line[4:].strip() for line in prompt.splitlines() if line.startswith("### ")]
+        return Reply(text=json.dumps({"local": offered[0], "reason": "first listed"}))
+
+
+def test_a_bare_problem_is_translated_first_then_replayed_in_a_sweep(tmp_path: Path) -> None:
+    problem = KERNELBENCH / "level1" / "19_ReLU.py"
+    cassette = tmp_path / "relu.jsonl"
+    with Translator() as server:
+        done = subprocess.run(
+            [sys.executable, "-m", "htam_engine.cli", "optimize", str(problem), "--json",
+             "--provider", "openai", "--base-url", f"{server.url}/v1", "--record", str(cassette),
+             "--device", "cpu", "--steps", "1", "--output", str(tmp_path / "run")],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "OPENAI_API_KEY": "sk-test"},
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    translation = result["translation"]
+    assert translation["local"] == "translate" and translation["verdict"]["correct"]
+    assert result["correct"] and result["ref_speedup"] > 0
+
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "htam_engine.cli", "bench", "kernelbench", str(KERNELBENCH)]
+    argv += ["--level", "1", "--problems", "19", "--provider", "replay", "--cassette"]
+    argv += [str(cassette), "--steps", "1", "--device", "cpu", "--out", str(out), "--json"]
+    swept = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert swept.returncode == 0, swept.stderr[-2000:]
+    summary = json.loads(swept.stdout)
+    assert summary["metrics"]["fast_0"] == 1.0, summary["problems"]
+    assert summary["problems"][0]["speedup"] > 0

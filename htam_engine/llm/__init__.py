@@ -37,7 +37,12 @@ if TYPE_CHECKING:
     from htam_engine.llm.factory import make_provider
     from htam_engine.llm.limits import LIMITS, BudgetExhausted, RunBudget, limit_for
     from htam_engine.llm.prices import PriceTable, load_prices
-    from htam_engine.llm.prompts import generation_prompt, local_selection_prompt, repair_prompt
+    from htam_engine.llm.prompts import (
+        generation_prompt,
+        local_selection_prompt,
+        repair_prompt,
+        translation_prompt,
+    )
     from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider, RetryPolicy
     from htam_engine.llm.replay import Recorder, ReplayProvider
     from htam_engine.llm.structured import Choice, choice_schema, parse_choice
@@ -56,7 +61,9 @@ _HOME = {
     "factory": ["make_provider"],
     "limits": ["LIMITS", "BudgetExhausted", "RunBudget", "limit_for"],
     "prices": ["PriceTable", "load_prices"],
-    "prompts": ["generation_prompt", "local_selection_prompt", "repair_prompt"],
+    "prompts": [
+        "generation_prompt", "local_selection_prompt", "repair_prompt", "translation_prompt",
+    ],
     "remote": ["AnthropicProvider", "OpenAIProvider", "RetryPolicy"],
     "replay": ["Recorder", "ReplayProvider"],
     "structured": ["Choice", "choice_schema", "parse_choice"],
@@ -102,6 +109,7 @@ __all__ = [
     "register_secret",
     "repair",
     "repair_prompt",
+    "translation_prompt",
     "ReplayProvider",
     "RetryPolicy",
     "RunBudget",

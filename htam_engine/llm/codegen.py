@@ -73,6 +73,7 @@ def generate_candidates(
     *,
     k: int,
     entry: str | None = None,
+    purpose: str = "generate",
 ) -> list[Generated]:
     """Best-of-k: `k` independent generations in parallel, in sample order.
 
@@ -83,7 +84,9 @@ def generate_candidates(
         raise ValueError(f"--candidates must be at least 1, not {k}")
     with ThreadPoolExecutor(max_workers=k, thread_name_prefix="htam-llm") as pool:
         futures = [
-            pool.submit(generate, provider, system, prompt, language, entry=entry, sample=i)
+            pool.submit(
+                generate, provider, system, prompt, language, entry=entry, purpose=purpose, sample=i
+            )
             for i in range(k)
         ]
         outcomes: list[Generated | LLMError] = []

@@ -131,6 +131,40 @@ def repair_prompt(
     return generation_system(language), "\n".join(parts)
 
 
+# How a first implementation is built per backend (the translate step).
+_TRANSLATE_FORMS = {
+    "cpu": (
+        'plain C++ (`extern "C"` functions over float pointers) compiled with '
+        "`htam_engine.kernels.load_cpp(name, source, extra_cflags=[...])`, which returns a "
+        "ctypes library; call it from `forward` with `tensor.data_ptr()` on contiguous "
+        "float32 tensors and return a fresh output tensor"
+    ),
+    "cuda": (
+        "CUDA kernels built with `torch.utils.cpp_extension.load_inline(name, cpp_sources, "
+        "cuda_sources, functions=[...])`; `forward` calls the bound host function on CUDA "
+        "tensors and returns a fresh output tensor"
+    ),
+}
+
+
+def translation_prompt(task_source: str, backend: str) -> tuple[str, str]:
+    """(system, prompt) asking for a first, straightforward `ModelNew` of the reference
+    (a KernelBench problem holds only `Model`), for `backend` ("cpu" or "cuda")."""
+    if backend not in _TRANSLATE_FORMS:
+        raise ValueError(f"backend must be one of {', '.join(_TRANSLATE_FORMS)}, not {backend!r}")
+    parts = [
+        _section("Task (the PyTorch reference)", _fenced(task_source, "python", BUDGET["task"])),
+        _section(
+            "What to write",
+            "A first, correct custom-kernel implementation of `Model` named `ModelNew`: "
+            f"{_TRANSLATE_FORMS[backend]}. Keep it simple and correct; later steps "
+            "optimize it.",
+        ),
+        "Write the implementation now: the complete file in one ```python block.",
+    ]
+    return generation_system("python"), "\n".join(parts)
+
+
 def local_selection_prompt(
     state_text: str, global_text: str, candidates: Sequence[tuple[str, str]]
 ) -> tuple[str, str]:
