@@ -116,10 +116,12 @@ def _position_json(position: t.Position) -> dict[str, int]:
 
 
 def offered(ls: Any, doc: Document, unit: Unit) -> sg.Offer:
-    """What the kernel's history offers the document's current text (cached per version)."""
-    key = f"offer:{unit.name}"
+    """What the kernel's history offers the document's current text (cached per version,
+    history and threshold: a step that ends without an edit changes the answer)."""
+    history = ls.records.history(doc.uri, unit.name)
+    newest = history[-1].n if history else 0
+    key = f"offer:{unit.name}:{newest}:{ls.settings.min_speedup}"
     if key not in doc.cache:
-        history = ls.records.history(doc.uri, unit.name)
         doc.cache[key] = sg.offer(history, doc.text, ls.settings.min_speedup)
     cached: sg.Offer = doc.cache[key]
     return cached

@@ -498,6 +498,7 @@ def test_cuda_without_gpu_is_refused_with_the_reason_and_a_reference_gets_nothin
     vscode.wait_status("HTAM: refused", 30)
     toast = vscode.page.locator(".notification-toast", has_text="is a CUDA kernel and")
     toast.first.wait_for()
+    time.sleep(1)  # the toast slides in
     vscode.shot("cuda-refused")
     assert time.monotonic() - started < 20, "the refusal took as long as a run"
     assert "nvcc" in vscode.notifications()

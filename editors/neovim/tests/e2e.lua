@@ -5,6 +5,7 @@ local H = dofile(vim.fn.fnamemodify(debug.getinfo(1, 'S').source:sub(2), ':p:h')
 H.load_plugin()
 
 local STEP_TIMEOUT_MS = tonumber(vim.env.HTAM_E2E_TIMEOUT_MS) or 300000
+local WIN_ATTEMPTS = 3
 local KIND = 'refactor.rewrite.htam'
 local example = vim.fs.dirname(vim.fs.dirname(H.root)) .. '/examples/softmax'
 local workdir = vim.fn.tempname()
@@ -69,7 +70,7 @@ H.run({
     end,
   },
   {
-    ':HtamNext runs one verified step on the CPU',
+    ':HtamNext runs verified steps on the CPU until one is a win',
     function()
       local jobs = require('htam.jobs')
       local reports = 0
@@ -79,21 +80,31 @@ H.run({
           reports = reports + ((client and client.name == 'htam') and 1 or 0)
         end,
       })
-      vim.cmd('HtamNext')
-      H.wait(STEP_TIMEOUT_MS, function()
-        return jobs.finished(jobs.last)
-      end, 'the step to finish')
-      local job = jobs.jobs[tostring(jobs.last)]
-      H.eq('done', job.state, 'job state (message: ' .. tostring(job.message) .. ')')
-      H.truthy(reports > 1, 'work-done progress was reported (' .. reports .. ' reports)')
-      local said = vim.tbl_filter(function(m)
-        return m.msg:find('HTAM:', 1, true) ~= nil
-      end, H.messages)
-      H.eq(1, #said, 'one message for the whole step: ' .. vim.inspect(said))
-      H.capture('neovim-step-done-one-message')
-      H.wait(15000, function()
-        return lens_titles():find('Best: ', 1, true) ~= nil
-      end, 'the lens to show the result:\n' .. lens_titles())
+      -- On this busy machine one step may measure a slowdown: then nothing is offered and
+      -- the lens says so; the next step tries again (at most WIN_ATTEMPTS).
+      for attempt = 1, WIN_ATTEMPTS do
+        local from = #H.messages
+        local before = jobs.last
+        vim.cmd('HtamNext')
+        H.wait(STEP_TIMEOUT_MS, function()
+          return jobs.last ~= before and jobs.finished(jobs.last)
+        end, 'step ' .. attempt .. ' to finish')
+        local job = jobs.jobs[tostring(jobs.last)]
+        H.eq('done', job.state, 'job state (message: ' .. tostring(job.message) .. ')')
+        H.eq(1, #H.messages - from, 'one message for the whole step')
+        if (job.suggestions or 0) > 0 then
+          H.capture('neovim-step-done-one-message', from)
+          H.wait(15000, function()
+            return lens_titles():find('Best: ', 1, true) ~= nil
+          end, 'the lens to show the result')
+          H.truthy(reports > 1, 'work-done progress was reported (' .. reports .. ' reports)')
+          return
+        end
+        H.wait(15000, function()
+          return lens_titles():find('no faster candidate yet', 1, true) ~= nil
+        end, 'the lens to say that nothing is faster')
+      end
+      error(('%d steps found nothing faster'):format(WIN_ATTEMPTS))
     end,
   },
   {
