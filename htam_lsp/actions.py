@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -412,6 +413,14 @@ def run_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]:
                 command=t.Command("HTAM: next step", "htam.nextStep", arguments=[argument]),
             )
         )
+    elif reasons.get("check"):
+        found.append(
+            t.CodeAction(
+                title=f"HTAM: compile-check {unit.name} with nvcc ({reasons['check']})",
+                kind=f"{ACTION_KIND}.check",
+                command=t.Command("HTAM: compile check", "htam.compileCheck", arguments=[argument]),
+            )
+        )
     if not ls.caps("text_document.code_action.disabled_support"):
         return found
     titles = {
@@ -419,6 +428,8 @@ def run_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]:
         "llm": "HTAM: LLM-written strategies",
     }
     for key, reason in reasons.items():
+        if key not in titles:
+            continue
         found.append(
             t.CodeAction(
                 title=titles[key],
@@ -430,12 +441,15 @@ def run_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]:
 
 
 def blocked_reasons(ls: Any, doc: Document) -> dict[str, str]:
-    """ "all": nothing can run (and why); "llm": only mechanical strategies can."""
+    """ "all": nothing can run (and why); "llm": only mechanical strategies can; "check":
+    an nvcc compile check can run instead (and why)."""
     reasons: dict[str, str] = {}
     if not ls.settings.allow_execution:
         reasons["all"] = "execution is not allowed: trust this workspace or opt in (allowExecution)"
     elif insight.backend(doc) == "cuda" and not insight.has_gpu():
         reasons["all"] = "no GPU on this machine: CUDA candidates cannot be verified or timed"
+        if shutil.which("nvcc") and not insight.needs_binding(doc):
+            reasons["check"] = "no GPU here to run it"
     chosen, why = provider(ls)
     if chosen == "offline":
         reasons["llm"] = f"no LLM configured: mechanical strategies only ({why})"

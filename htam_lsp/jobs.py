@@ -84,6 +84,14 @@ class Job:
 
 
 OnEvent = Callable[[Job, events.Event], Awaitable[None] | None]
+OnLine = Callable[[Job, bytes], Awaitable[None] | None]
+
+
+def eval_argv(task: str, candidate: str) -> list[str]:
+    """`htam eval TASK CANDIDATE --device cuda --json`: where no GPU can run a CUDA
+    candidate, the evaluator still compiles it with nvcc and says how that went."""
+    argv = [sys.executable, "-m", "htam_engine.cli", "eval", task, candidate]
+    return [*argv, "--device", "cuda", "--json"]
 
 
 def optimize_argv(
@@ -152,8 +160,28 @@ class JobManager:
             code, tail = -signal.SIGTERM, ""
         else:
             job.state = "running"
-            code, tail = await run_process(job, argv, _recording(on_event))
+            code, tail = await run_process(job, argv, _typed(_recording(on_event)))
         job.state, job.message = ending(job, code, tail)
+
+    async def output(self, job: Job, argv: Sequence[str]) -> tuple[int, bytes, str]:
+        """Run a command with one answer on stdout (`htam eval --json`) as `job`, under the
+        same stop protocol: (exit code, stdout, stderr tail)."""
+        if job.cancel_requested:
+            return -signal.SIGTERM, b"", ""
+        job.state = "running"
+        chunks: list[bytes] = []
+        code, tail = await run_process(job, argv, lambda _job, raw: chunks.append(raw))
+        return code, b"".join(chunks), tail
+
+
+def _typed(on_event: OnEvent) -> OnLine:
+    """A line handler that feeds each typed event of the stream to `on_event`."""
+
+    def line(job: Job, raw: bytes) -> Awaitable[None] | None:
+        event = _event(raw)
+        return on_event(job, event) if event is not None else None
+
+    return line
 
 
 def _recording(on_event: OnEvent) -> OnEvent:
@@ -187,8 +215,8 @@ def ending(job: Job, code: int, tail: str) -> tuple[str, str]:
     return "failed", f"htam optimize ended without a result (exit code {code}): {why}"
 
 
-async def run_process(job: Job, argv: Sequence[str], on_event: OnEvent) -> tuple[int, str]:
-    """Run `argv` for `job`, feeding each event line to `on_event`; (exit code, stderr tail)."""
+async def run_process(job: Job, argv: Sequence[str], on_line: OnLine) -> tuple[int, str]:
+    """Run `argv` for `job`, feeding each stdout line to `on_line`; (exit code, stderr tail)."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
@@ -203,11 +231,9 @@ async def run_process(job: Job, argv: Sequence[str], on_event: OnEvent) -> tuple
     drain = asyncio.create_task(_drain(proc.stderr, tail))
     try:
         async for raw in proc.stdout:
-            event = _event(raw)
-            if event is not None:
-                result = on_event(job, event)
-                if asyncio.iscoroutine(result):
-                    await result
+            result = on_line(job, raw)
+            if asyncio.iscoroutine(result):
+                await result
         code = await proc.wait()
     finally:
         kill_group(job)

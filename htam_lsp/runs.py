@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from htam_engine import events, paths
 from htam_lsp import discovery, insight, render, status
 from htam_lsp import suggestions as sg
 from htam_lsp.documents import Document, uri_path
-from htam_lsp.jobs import Job, optimize_argv
+from htam_lsp.jobs import Job, eval_argv, optimize_argv
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +76,74 @@ def refusal(ls: Any, doc: Document, unit: discovery.Unit) -> str | None:
         )
         return (
             f"HTAM did not start: {unit.name} is a CUDA kernel and {where}, so no candidate "
-            "could be verified or timed. Run HTAM on a machine with a GPU; here `htam eval` "
-            "compile-checks it with nvcc."
+            "could be verified or timed. Run HTAM on a machine with a GPU; here the code "
+            "action 'compile-check with nvcc' (HTAM: Compile-Check, :HtamCheck) checks that "
+            "it builds."
         )
     return None
+
+
+def start_check(ls: Any, doc: Document, unit: discovery.Unit) -> dict[str, Any]:
+    """A compile check of a CUDA kernel with nvcc (`htam eval` where no GPU runs it)."""
+    job = ls.jobs.create(doc.uri, unit.name, 0)
+    why_not = check_refusal(ls, doc)
+    if why_not:
+        job.state, job.message = "refused", why_not
+        ls.publish_job(job)
+        return {"jobId": job.id, "state": job.state, "message": why_not}
+    ls.publish_job(job)
+    job.task = asyncio.create_task(check(ls, job, doc.data, uri_path(doc.uri) or ""))
+    return {"jobId": job.id, "state": job.state}
+
+
+def check_refusal(ls: Any, doc: Document) -> str | None:
+    if not ls.settings.allow_execution:
+        return f"HTAM compiles nothing here until allowed. To allow it: {status.how_to_allow(ls)}."
+    if uri_path(doc.uri) is None or insight.needs_binding(doc):
+        return "HTAM: a compile check needs a file on disk bound to its reference"
+    if insight.backend(doc) != "cuda" or shutil.which("nvcc") is None:
+        return "HTAM: a compile check is for CUDA kernels, with nvcc on the server's PATH"
+    return None
+
+
+async def check(ls: Any, job: Job, data: bytes, task_path: str) -> None:
+    """Run the compile check and say how it went (a compile error also as a diagnostic)."""
+    buffer = paths.subdir("lsp-buffers") / f"{job.id}{Path(task_path).suffix}"
+    try:
+        buffer.write_bytes(data)
+        ls.publish_job(job)
+        code, out, tail = await ls.jobs.output(job, eval_argv(task_path, str(buffer)))
+        job.state, job.message = _checked(ls, job, code, out, tail, data)
+    except Exception as error:  # the check fails; the server goes on
+        log.exception("check %s failed", job.id)
+        job.state, job.message = "failed", f"HTAM compile check failed: {error}"
+    finally:
+        buffer.unlink(missing_ok=True)
+    ls.publish_job(job)
+    ls.schedule_diagnostics(job.uri)
+
+
+def _checked(ls: Any, job: Job, code: int, out: bytes, tail: str, data: bytes) -> tuple[str, str]:
+    if job.cancel_requested:
+        return "cancelled", "cancelled; the compile check was stopped"
+    try:
+        verdict = json.loads(out)
+    except ValueError:
+        lines = tail.strip().splitlines()
+        return (
+            "failed",
+            f"htam eval gave no verdict (exit code {code}): {lines[-1] if lines else ''}",
+        )
+    error = verdict.get("error") or {}
+    if verdict.get("compiled"):
+        ls.compile_errors.pop(job.uri, None)
+        return "done", f"it compiles: {error.get('message') or 'no error'}"
+    line = error.get("line")
+    if isinstance(line, int):
+        source = data.decode("utf-8", "replace")
+        ls.compile_errors[job.uri] = (source, line, str(error.get("message", "")))
+    said = str(error.get("message") or "the compile check failed").strip().splitlines()
+    return "failed", f"{error.get('kind', 'compile_error')}: {': '.join(said[:2])}"
 
 
 def _kernel_ranges(doc: Document) -> list[tuple[int, int]]:

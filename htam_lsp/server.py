@@ -418,6 +418,15 @@ async def optimize(ls: HtamServer, *args: Any) -> dict[str, Any]:
     return start_job(ls, arg, steps)
 
 
+@server.command("htam.compileCheck")
+@guarded()
+async def compile_check(ls: HtamServer, *args: Any) -> dict[str, Any]:
+    """Compile a CUDA kernel with nvcc where no GPU can run it: a job, like a step."""
+    arg = _argument(args)
+    doc = ls.document(arg.get("uri"))
+    return runs.start_check(ls, doc, _unit(ls, doc, _position(arg)))
+
+
 @server.command("htam.cancel")
 @guarded()
 async def cancel(ls: HtamServer, *args: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import pytest_lsp
+from conftest import require
 from fixtures.lsp.lspkit import (
     CLIENTS,
     FIXTURES,
@@ -334,3 +335,60 @@ async def test_plain_modules_and_references_get_nothing(client: LanguageClient, 
         hover = await client.text_document_hover_async(t.HoverParams(doc, where))
         symbols = await client.text_document_document_symbol_async(t.DocumentSymbolParams(doc))
         assert (list(lenses or []), list(actions or []), hover, symbols) == ([], [], None, [])
+
+
+@pytest.mark.slow
+async def test_cuda_without_a_gpu_gets_an_nvcc_compile_check(
+    client: LanguageClient, tmp_path: Path
+):
+    """The code action the refusal points to: nvcc compiles the buffer; an error is a
+    diagnostic on its line, in the evaluator's words."""
+    require("nvcc is not on PATH" if shutil.which("nvcc") is None else None)
+    if has_gpu():
+        pytest.skip("a GPU is here: CUDA steps run instead")
+    spec = client.spec  # type: ignore[attr-defined]
+    await initialize(client, spec, {"allowExecution": True, "provider": "offline"})
+    for name in (BOUND.name, "vec_add_ref.py"):
+        shutil.copy(BOUND.parent / name, tmp_path / name)
+    text = (tmp_path / BOUND.name).read_text()
+    uri = open_file(client, tmp_path / BOUND.name, "cuda")
+    where = t.Position(1, 20)
+    found = await client.text_document_code_action_async(
+        t.CodeActionParams(
+            t.TextDocumentIdentifier(uri), t.Range(where, where), t.CodeActionContext([])
+        )
+    )
+    titles = [a.title for a in found or []]
+    assert any("compile-check scale with nvcc" in title for title in titles), titles
+    states: list[dict[str, Any]] = []
+    client.feature("htam/jobState")(lambda params: states.append(dict(params._asdict())))
+
+    async def check() -> dict[str, Any]:
+        answer = await _run(client, "htam.compileCheck", {"uri": uri})
+        return await wait_until(
+            lambda: next(
+                (
+                    s
+                    for s in states
+                    if s["jobId"] == answer["jobId"] and s["state"] in ("done", "failed")
+                ),
+                None,
+            ),
+            timeout=120,
+        )
+
+    first = await check()
+    assert first["state"] == "done" and "compiled with nvcc" in first["message"], first
+    broken = text.replace("y[i] = 2.0f * x[i];", "y[i] = 2.0f * x[i]")
+    client.text_document_did_change(
+        t.DidChangeTextDocumentParams(
+            t.VersionedTextDocumentIdentifier(version=2, uri=uri),
+            [t.TextDocumentContentChangeWholeDocument(broken)],
+        )
+    )
+    second = await check()
+    assert second["state"] == "failed" and 'expected a ";"' in second["message"], second
+    diagnostics = await wait_until(
+        lambda: [d for d in client.diagnostics.get(uri, []) if d.code == "candidate_compile_error"]
+    )
+    assert diagnostics[0].range.start.line == 5  # the line nvcc named (its line 6)

@@ -14,6 +14,10 @@ command('HtamNext', function()
   htam().next_step()
 end, { desc = 'HTAM: run one optimization step for the kernel under the cursor' })
 
+command('HtamCheck', function()
+  htam().check()
+end, { desc = 'HTAM: compile-check the CUDA kernel with nvcc (where no GPU runs it)' })
+
 command('HtamOptimize', function(a)
   htam().optimize(a.args)
 end, { nargs = '?', desc = 'HTAM: run N optimization steps' })

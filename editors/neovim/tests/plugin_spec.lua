@@ -39,7 +39,8 @@ H.run({
   {
     'plugin defines the commands and loads nothing else',
     function()
-      local names = { 'Next', 'Optimize', 'Apply', 'Diff', 'Explain', 'Results', 'Cancel', 'Memory' }
+      local names =
+        { 'Next', 'Check', 'Optimize', 'Apply', 'Diff', 'Explain', 'Results', 'Cancel', 'Memory' }
       for _, suffix in ipairs(names) do
         local name = 'Htam' .. suffix
         H.eq(2, vim.fn.exists(':' .. name), name .. ' exists')

@@ -6,6 +6,7 @@ export const SERVER_COMMANDS = [
   "htam.optimize",
   "htam.explain",
   "htam.results",
+  "htam.compileCheck",
   "htam.showMemory",
   "htam.cancel",
 ] as const;
@@ -47,6 +48,7 @@ export function commandArguments(
     case "htam.nextStep":
     case "htam.explain":
     case "htam.results":
+    case "htam.compileCheck":
       return [kernelArgument(context)];
     case "htam.optimize":
       return [{ ...kernelArgument(context), steps: context.steps }];

@@ -183,6 +183,12 @@ function M.next_step()
   start_job('htam.nextStep')
 end
 
+--- Compile the CUDA kernel under the cursor with nvcc (`:HtamCheck`), where no GPU can
+--- run it; a compile error becomes a diagnostic.
+function M.check()
+  start_job('htam.compileCheck')
+end
+
 --- Run N steps (`:HtamOptimize [N]`); without N the server's or setup's `steps`.
 ---@param steps? integer|string
 function M.optimize(steps)
