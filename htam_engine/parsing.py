@@ -848,13 +848,24 @@ def _submodules(cls: Node) -> dict[str, str]:
     return found
 
 
+def _own_nodes(fn: Node) -> Iterator[Node]:
+    """The nodes of a function outside the functions and lambdas defined in it (a Triton
+    launch's grid function computes launch sizes, not the operator)."""
+    stack = list(reversed(fn.children))
+    while stack:
+        node = stack.pop()
+        yield node
+        if node.type not in ("function_definition", "lambda"):
+            stack.extend(reversed(node.children))
+
+
 def _forward_ops(cls: Node) -> list[str]:
     forward = _method(cls, "forward")
     if forward is None:
         return []
     modules = _submodules(cls)
     ops = []
-    for node in walk(forward):
+    for node in _own_nodes(forward):
         if node.type == "call":
             callee = text(node.child_by_field_name("function"))
             ops.append(modules.get(callee, callee.rsplit(".", 1)[-1]))

@@ -105,3 +105,16 @@ def test_a_triton_file_is_a_triton_task() -> None:
     cuda = (EXAMPLES / "gelu" / "cuda_naive.py").read_text()
     assert guess_backend("py", cuda) == "cuda"
     assert guess_backend("cu", TUNED) == "cuda"
+
+
+def test_grid_arithmetic_is_not_the_operator() -> None:
+    """`triton.cdiv(m, BM) * triton.cdiv(n, BN)` in a grid function is no elementwise op:
+    a Triton start says nothing of its family (as the CUDA and C++ ones), the reference does."""
+    for path in TRITON_EXAMPLES:
+        assert parsing.family(path.read_text()) == "unknown"
+    forward = "        def grid(meta):\n            return ((x @ x).numel(),)\n"
+    source = (
+        "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+        f"{forward}        k[lambda meta: (torch.sum(x),)](x)\n        return torch.relu(x)\n"
+    )
+    assert parsing.family(source) == "elementwise"
