@@ -128,6 +128,9 @@ H.run({
         H.truthy(text:find(new, 1, true), 'candidate text in the buffer:\n' .. new)
       end
       H.truthy(vim.startswith(text, '# unsaved edit\n'), 'the unsaved edit is kept')
+      H.wait(15000, function()
+        return lens_titles():find('Best: ', 1, true) == nil
+      end, 'the lens to stop offering what was applied:\n' .. lens_titles())
     end,
   },
   {

@@ -127,7 +127,18 @@ function H.capture(name, from)
   for i = (from or 0) + 1, #H.messages do
     said[#said + 1] = H.messages[i].msg
   end
-  local text = H.screen() .. '\n\n-- messages --\n' .. table.concat(said, '\n') .. '\n'
+  -- Without a UI attached, floating windows are not composed onto the screen: add them.
+  local floats = {}
+  for _, win in ipairs(vim.api.nvim_list_wins()) do
+    if vim.api.nvim_win_get_config(win).relative ~= '' then
+      floats[#floats + 1] = '-- floating window --\n' .. H.buffer_text(vim.api.nvim_win_get_buf(win))
+    end
+  end
+  local text = table.concat({
+    H.screen(),
+    table.concat(floats, '\n\n'),
+    '-- messages --\n' .. table.concat(said, '\n'),
+  }, '\n\n') .. '\n'
   vim.fn.writefile(vim.split(text, '\n', { plain = true }), folder .. '/' .. name .. '.txt')
 end
 

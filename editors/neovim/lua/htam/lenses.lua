@@ -8,7 +8,8 @@ function M.refresh(bufnr)
   end
 end
 
---- Refresh the lenses of `bufnr` now, on BufEnter and on InsertLeave.
+--- Refresh the lenses of `bufnr` now, on BufEnter, InsertLeave and any change made in
+--- normal mode (an applied suggestion, an undo).
 ---@param client vim.lsp.Client
 ---@param bufnr integer
 function M.attach(client, bufnr)
@@ -16,7 +17,7 @@ function M.attach(client, bufnr)
     return
   end
   local group = vim.api.nvim_create_augroup(('htam-lenses-%d'):format(bufnr), { clear = true })
-  vim.api.nvim_create_autocmd({ 'BufEnter', 'InsertLeave' }, {
+  vim.api.nvim_create_autocmd({ 'BufEnter', 'InsertLeave', 'TextChanged' }, {
     group = group,
     buffer = bufnr,
     callback = function()
