@@ -77,7 +77,8 @@ def test_block_sizes_double_until_the_tile_limit() -> None:
     assert "BLOCK_M=128, BLOCK_N=128, BLOCK_K=32" in matmul
 
 
-def _chain(source: str) -> str:
+def chain(source: str) -> str:
+    """Every Triton rewrite that applies, in id order, one after the other."""
     for rid in TRITON_IDS:
         if REGISTRY[rid].check(source) is None:
             source = REGISTRY[rid].apply(source)
@@ -88,7 +89,7 @@ def _chain(source: str) -> str:
 def test_every_rewritten_example_is_correct_under_the_interpreter(
     task: str, tmp_path: Path
 ) -> None:
-    sources = {"naive": example(task), "chain": _chain(example(task))}
+    sources = {"naive": example(task), "chain": chain(example(task))}
     for rid in TRITON_IDS:
         if REGISTRY[rid].check(example(task)) is None:
             sources[rid] = REGISTRY[rid].apply(example(task))
