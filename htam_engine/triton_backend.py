@@ -55,7 +55,7 @@ def interpreted(device: str) -> bool:
 def environment(device: str, scratch: Path) -> dict[str, str]:
     """Variables a Triton candidate's process needs: its caches inside the sandbox's one
     writable folder (there is no home directory), and the interpreter off a GPU."""
-    env = {"TRITON_HOME": str(scratch), "TRITON_CACHE_DIR": str(scratch / "triton-cache")}
+    env = {"TRITON_HOME": str(scratch), "TRITON_CACHE_DIR": str(scratch / "triton")}
     if interpreted(device):
         env["TRITON_INTERPRET"] = "1"
     return env
