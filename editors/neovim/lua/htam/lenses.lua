@@ -1,6 +1,8 @@
 --- Code lenses of the server, refreshed where Neovim 0.11 does not refresh them itself.
 local M = {}
 
+local DELAY_MS = 300 -- after the last change: the server answers for the settled text
+
 ---@param bufnr integer
 function M.refresh(bufnr)
   if vim.api.nvim_buf_is_valid(bufnr) then
@@ -8,8 +10,22 @@ function M.refresh(bufnr)
   end
 end
 
---- Refresh the lenses of `bufnr` now, on BufEnter, InsertLeave and any change made in
---- normal mode (an applied suggestion, an undo).
+---@type table<integer, uv.uv_timer_t>
+local timers = {}
+
+--- Refresh once the buffer has not changed for DELAY_MS.
+---@param bufnr integer
+local function later(bufnr)
+  local timer = timers[bufnr] or assert(vim.uv.new_timer())
+  timers[bufnr] = timer
+  timer:stop()
+  timer:start(DELAY_MS, 0, vim.schedule_wrap(function()
+    M.refresh(bufnr)
+  end))
+end
+
+--- Refresh the lenses of `bufnr` now, on BufEnter and after every change to its text
+--- (typed, applied from a code action, undone).
 ---@param client vim.lsp.Client
 ---@param bufnr integer
 function M.attach(client, bufnr)
@@ -17,11 +33,23 @@ function M.attach(client, bufnr)
     return
   end
   local group = vim.api.nvim_create_augroup(('htam-lenses-%d'):format(bufnr), { clear = true })
-  vim.api.nvim_create_autocmd({ 'BufEnter', 'InsertLeave', 'TextChanged' }, {
+  vim.api.nvim_create_autocmd('BufEnter', {
     group = group,
     buffer = bufnr,
     callback = function()
       M.refresh(bufnr)
+    end,
+  })
+  vim.api.nvim_buf_attach(bufnr, false, {
+    on_lines = function()
+      later(bufnr)
+    end,
+    on_detach = function()
+      local timer = timers[bufnr]
+      timers[bufnr] = nil
+      if timer then
+        timer:close()
+      end
     end,
   })
   M.refresh(bufnr)
