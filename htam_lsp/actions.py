@@ -142,13 +142,16 @@ def explain(ls: Any, doc: Document, unit: Unit) -> str:
         diff = render.unified_diff(doc.text, applied_text(doc, offer.suggestions[0]), name)
     preview = None if history else insight.preview(doc, unit, graph)
     parts = render.HoverParts(
-        f"`{unit.name}` ({_detail(unit)})", history, diff, preview, _notes(ls, offer)
+        f"`{unit.name}` ({_detail(unit)})", history, diff, preview, _notes(ls, graph, offer)
     )
     return render.hover_markdown(graph, parts)
 
 
-def _notes(ls: Any, offer: sg.Offer) -> list[str]:
-    notes = []
+def _notes(ls: Any, graph: Any, offer: sg.Offer) -> list[str]:
+    notes = [
+        f"Applied: {render.move(graph, r.step)}, measured {render.gain_text(r)}"
+        for r in offer.applied[-1:]
+    ]
     if offer.dropped:
         notes.append(
             f"{len(offer.dropped)} measured candidate(s) no longer apply: the kernel's text "
@@ -489,7 +492,7 @@ def results(ls: Any, doc: Document, unit: Unit) -> dict[str, Any]:
     ]
     plot = ls.jobs.last_plot(doc.uri, unit.name)
     parts = render.ResultsParts(unit.name, history, [s["title"] for s in listed], plot)
-    markdown = render.results_markdown(graph, parts, _notes(ls, offer))
+    markdown = render.results_markdown(graph, parts, _notes(ls, graph, offer))
     return {"markdown": markdown, "kernel": unit.name, "suggestions": listed, "plot": plot}
 
 

@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -204,19 +204,22 @@ class Offer:
     suggestions: list[Suggestion]  # best per strategy, fastest first
     dropped: list[StepRecord]  # would be offered, but the kernel's text changed
     slower: list[StepRecord]  # correct, applicable, but under the threshold
+    applied: list[StepRecord] = field(default_factory=list)  # the text holds its result
 
 
 def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
     """The suggestions of `history` for the current `text`: correct candidates whose
     anchor is in the text once and whose speedup over their start clears `threshold`."""
     best: dict[str, Suggestion] = {}
-    dropped, slower = [], []
+    dropped: list[StepRecord] = []
+    slower: list[StepRecord] = []
+    applied: list[StepRecord] = []
     for record in history:
         if record.anchor is None or not record.step.correct:
             continue
         at = text.find(record.anchor.old)
         if at < 0 or text.find(record.anchor.old, at + 1) >= 0:
-            dropped.append(record)
+            (applied if record.anchor.new in text else dropped).append(record)
             continue
         if (record.step.speedup or 0.0) < threshold:
             slower.append(record)
@@ -226,7 +229,7 @@ def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
         if held is None or _rank(record) > _rank(held.record):
             best[record.step.local_id] = found
     ranked = sorted(best.values(), key=lambda s: _rank(s.record), reverse=True)
-    return Offer(ranked, dropped, slower)
+    return Offer(ranked, dropped, slower, applied)
 
 
 def _rank(record: StepRecord) -> float:

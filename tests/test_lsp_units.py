@@ -115,6 +115,8 @@ def test_anchor_widens_to_the_kernel_and_survives_edits_elsewhere():
     changed = FILE.replace("x[0] = 1;", "x[0] = 3;", 1)
     assert sg.offer([record], changed, 1.1).dropped == [record]
     assert sg.offer([record], FILE, 1.6).slower == [record]  # under the threshold
+    done = sg.offer([record], candidate, 1.1)  # the suggestion was applied
+    assert done.applied == [record] and not done.dropped and not done.suggestions
 
 
 def test_non_portable_edits_are_named():

@@ -141,6 +141,8 @@ H.run({
       local text = H.float_text()
       H.capture('neovim-explain')
       H.truthy(#vim.trim(text) > 0, 'rationale is not empty')
+      H.truthy(text:find('*Applied: ', 1, true), 'the applied suggestion is named:\n' .. text)
+      H.truthy(not text:find('no longer apply', 1, true), 'nor called dropped:\n' .. text)
       io.stdout:write('  rationale starts: ' .. text:sub(1, 120):gsub('\n', ' | ') .. '\n')
     end,
   },
