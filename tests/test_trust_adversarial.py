@@ -3,6 +3,7 @@ honest set accepted. The trusted side must hold on its own, so most of these go 
 to `run_candidate` (past the static checks, as a candidate that evades them would)."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -41,9 +42,12 @@ def failed(verdict: Verdict) -> list[str]:
     return [check.name for check in verdict.checks if not check.passed]
 
 
-def test_the_sandbox_is_bubblewrap_where_it_can_run():
-    if os.environ.get("CI") or os.path.exists("/usr/bin/bwrap"):
-        assert sandbox_mode() == "bwrap"
+def test_the_sandbox_is_bubblewrap_where_bwrap_is_installed():
+    if shutil.which("bwrap") and os.environ.get("HTAM_SANDBOX") != "none":
+        assert sandbox_mode() == "bwrap", (
+            "bwrap is installed but cannot start a sandbox here (user namespaces?): "
+            "evaluations would fall back to sandbox 'none'"
+        )
 
 
 @pytest.mark.parametrize(
@@ -170,3 +174,17 @@ def test_the_editor_can_ask_for_the_sandbox_mode_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [sandbox_mode(), "False"]
+
+
+def test_a_log_a_worker_replaced_by_a_link_is_never_read_through_it(tmp_path):
+    """A worker's log tail can reach a verdict; a worker could have linked it anywhere."""
+    from htam_engine.evaluate.process import _tail
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("sk-test-from-a-file-only-the-judge-reads")
+    log = tmp_path / "worker.log"
+    log.write_text("x" * 2000 + "the end")
+    assert _tail(log, 100).endswith("the end") and len(_tail(log, 100)) == 100
+    log.unlink()
+    log.symlink_to(secret)
+    assert _tail(log, 100) == ""

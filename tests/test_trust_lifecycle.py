@@ -115,10 +115,9 @@ def test_a_frozen_worker_burns_no_cpu(tmp_path):
 def test_a_candidate_that_hangs_when_timed_holds_the_lock_only_seconds():
     path = FIXTURES / "candidates" / "adversarial" / "hang_when_timed.py"
     verdict = Verdict(device="cpu", sandbox=sandbox_mode())
-    start = time.monotonic()
     run_candidate(load_task(path), path.read_text(), verdict, QUICK, threading.Event(), print)
     assert verdict.error is not None and verdict.error.kind == "timeout", verdict.error
-    assert time.monotonic() - start < QUICK.time_s / 4  # the phase limit would be 60 s
+    assert verdict.phase_seconds["time"] < QUICK.time_s / 6  # not the phase limit (60 s)
 
 
 def test_without_bwrap_the_fallback_runs_and_says_so(monkeypatch):

@@ -252,6 +252,7 @@ class Judge:
             side.child.send(json.dumps({"cmd": "load", "threads": self.job["threads"]}))
         for side in self.sides.values():
             self._expect(side, "loaded", self.job["compile_s"], "compile")
+            freeze(side.child)  # from now on a worker runs only while it is called
 
     # one call -------------------------------------------------------------------------
     def _expect(self, side: Side, wanted: str, limit_s: float, phase: str) -> dict[str, Any]:
@@ -394,7 +395,7 @@ class Judge:
     def time_all(self) -> dict[str, list[float]]:
         """Reference and candidate calls on the same fresh inputs, alternating which goes
         first; a call may take `CALL_LIMIT_FACTOR` times the reference's median (so a
-        hanging candidate holds the timing lock about a second, not the phase limit)."""
+        hanging candidate holds the timing lock seconds, not the phase limit)."""
         samples: dict[str, list[float]] = {role: [] for role in ROLES}
         reference_ms: list[float] = []
         budget = time.monotonic() + min(TIMING_BUDGET_S, self.job["time_s"] * 0.8)

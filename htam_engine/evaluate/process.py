@@ -14,6 +14,7 @@ import os
 import queue
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -162,19 +163,20 @@ class Child:
                 on_other(event)
 
     def pending(self) -> list[dict[str, Any]]:
-        """Events read but never asked for."""
+        """Events read but never asked for (the end of the output stays queued)."""
         found = []
         while not self.events.empty():
-            event = self.events.get_nowait()
-            if event.get("event") != EOF_EVENT:
-                found.append(event)
-        return found
+            found.append(self.events.get_nowait())
+        for event in found:
+            if event.get("event") == EOF_EVENT:
+                self.events.put(event)
+        return [event for event in found if event.get("event") != EOF_EVENT]
 
     def _death(self, phase: str) -> Stop:
         code = self.popen.wait()
         if code > 128 and code - 128 in signal.valid_signals():
             code = 128 - code  # a sandbox reports its child's signal as 128 + signal
-        tail = self.log.read_text(errors="replace")[-1500:] if self.log.exists() else ""
+        tail = _tail(self.log, 1500)
         if self.name in ("judge", "reference"):
             last = tail.strip().splitlines()[-1:] or ["no output"]
             return Stop("runtime_error", f"the reference failed during {phase}: {last[0]}", tail)
@@ -186,6 +188,21 @@ class Child:
         if "MemoryError" in tail or "out of memory" in tail:
             return Stop("oom", f"the {self.name} ran out of memory during {phase}", tail)
         return Stop("crash", f"the {self.name} exited with code {code} during {phase}", tail)
+
+
+def _tail(path: Path, size: int) -> str:
+    """The end of a log a sandboxed worker could have replaced: never through a link
+    (it could point at a file only this side may read, and the tail reaches the user
+    and the next prompt)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return ""
+        handle.seek(max(0, os.fstat(descriptor).st_size - size))
+        return handle.read(size).decode(errors="replace")
 
 
 def _parents() -> dict[int, int]:

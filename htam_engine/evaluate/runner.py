@@ -325,8 +325,10 @@ def _phases(
     judge.send("time")
     judge.wait_for("timing", LOCK_WAIT_S, "the wait for the timing lock", cancel)
     start = time.monotonic()
-    timed = judge.wait_for("timed", limits.time_s, "time", cancel)
-    _timed(verdict, "time", start)
+    try:
+        timed = judge.wait_for("timed", limits.time_s, "time", cancel)
+    finally:
+        _timed(verdict, "time", start)  # how long it held the timing lock, even if it failed
     verdict.threads = int(timed["threads"])
     _raise_failed(_merge(verdict, timed["checks"]))
     _record_timing(verdict, timed["ref"], timed["cand"])
