@@ -89,9 +89,11 @@ def _range_json(doc: Document, start: int, end: int, encoding: str) -> dict[str,
 
 
 def lenses(ls: Any, doc: Document) -> list[t.CodeLens]:
-    """Over each kernel: run / cancel, and the best offered suggestion once there is one."""
+    """Over each kernel: run / cancel; over the first, the file's best offered suggestion
+    (a step optimizes the whole file, so there is one)."""
     found = []
     job = ls.jobs.active(doc.uri)
+    best_title = _best_title(ls, doc)
     for unit in discovery.units(doc):
         if not unit.is_kernel:
             continue
@@ -103,25 +105,30 @@ def lenses(ls: Any, doc: Document) -> list[t.CodeLens]:
         else:
             command = t.Command("Optimize with HTAM", "htam.nextStep", arguments=[argument])
         found.append(t.CodeLens(range=where, command=command))
-        offer = offered(ls, doc, unit)
-        best = offer.suggestions[0].record if offer.suggestions else None
-        slower = max((r.step.speedup or 0.0 for r in offer.slower), default=None)
-        said = render.best_lens_title(ls.graph(insight.backend(doc)), best, slower)
-        if said is not None:
-            found.append(t.CodeLens(where, t.Command(said, "htam.explain", arguments=[argument])))
+        if best_title is not None:
+            explain = t.Command(best_title, "htam.explain", arguments=[argument])
+            found.append(t.CodeLens(where, explain))
+            best_title = None
     return found
+
+
+def _best_title(ls: Any, doc: Document) -> str | None:
+    offer = offered(ls, doc)
+    best = offer.suggestions[0].record if offer.suggestions else None
+    slower = max((r.step.speedup or 0.0 for r in offer.slower), default=None)
+    return render.best_lens_title(ls.graph(insight.backend(doc)), best, slower)
 
 
 def _position_json(position: t.Position) -> dict[str, int]:
     return {"line": position.line, "character": position.character}
 
 
-def offered(ls: Any, doc: Document, unit: Unit) -> sg.Offer:
+def offered(ls: Any, doc: Document) -> sg.Offer:
     """What the kernel's history offers the document's current text (cached per version,
     history and threshold: a step that ends without an edit changes the answer)."""
-    history = ls.records.history(doc.uri, unit.name)
+    history = ls.records.history(doc.uri)
     newest = history[-1].n if history else 0
-    key = f"offer:{unit.name}:{newest}:{ls.settings.min_speedup}"
+    key = f"offer:{newest}:{ls.settings.min_speedup}"
     if key not in doc.cache:
         doc.cache[key] = sg.offer(history, doc.text, ls.settings.min_speedup)
     cached: sg.Offer = doc.cache[key]
@@ -134,8 +141,8 @@ def offered(ls: Any, doc: Document, unit: Unit) -> sg.Offer:
 def explain(ls: Any, doc: Document, unit: Unit) -> str:
     """The Markdown rationale of `unit` (hover and htam.explain)."""
     graph = ls.graph(insight.backend(doc))
-    history = ls.records.history(doc.uri, unit.name)
-    offer = offered(ls, doc, unit)
+    history = ls.records.history(doc.uri)
+    offer = offered(ls, doc)
     diff = None
     if offer.suggestions:
         name = PurePosixPath(doc.uri).name
@@ -277,7 +284,7 @@ def suggestion_actions(ls: Any, doc: Document, unit: Unit) -> list[t.CodeAction]
     )
     tags = _tag_support(ls)
     found = []
-    for rank, s in enumerate(offered(ls, doc, unit).suggestions):
+    for rank, s in enumerate(offered(ls, doc).suggestions):
         record = s.record
         data = {"uri": doc.uri, "kernel": unit.name, **suggestion_facts(record)}
         node = graph.locals.get(record.step.local_id)
@@ -343,9 +350,7 @@ def suggestion_edit(ls: Any, doc: Document, data: dict[str, Any]) -> t.Workspace
     """The smallest single edit that applies suggestion `data["n"]` to the current text;
     ValueError when the kernel's text changed since it was measured."""
     kernel, number = str(data.get("kernel")), data.get("n")
-    unit = next((u for u in discovery.units(doc) if u.name == kernel), None)
-    offer = offered(ls, doc, unit) if unit is not None else sg.Offer([], [], [])
-    chosen = next((s for s in offer.suggestions if s.record.n == number), None)
+    chosen = next((s for s in offered(ls, doc).suggestions if s.record.n == number), None)
     if chosen is None:
         raise ValueError(
             f"HTAM: suggestion #{number} for {kernel} no longer applies: the kernel's text "
@@ -480,8 +485,8 @@ def results(ls: Any, doc: Document, unit: Unit) -> dict[str, Any]:
     """htam.results: the kernel's whole trajectory, what is offered now (with the line
     each suggestion starts on, for a quickfix list) and the last run's speedup plot."""
     graph = ls.graph(insight.backend(doc))
-    history = ls.records.history(doc.uri, unit.name)
-    offer = offered(ls, doc, unit)
+    history = ls.records.history(doc.uri)
+    offer = offered(ls, doc)
     listed = [
         {
             "title": render.action_title(graph, s.record, _also(graph, doc, s)),

@@ -167,7 +167,7 @@ async def run(ls: Any, job: Job, data: bytes, begun: Start, task_path: str) -> N
             str(buffer),
             job.steps,
             ls.settings,
-            seed=len(ls.records.history(job.uri, job.kernel)),
+            seed=len(ls.records.history(job.uri)),
             output=str(paths.subdir("lsp-runs") / job.id),
         )
         job.state = "running"
@@ -190,7 +190,7 @@ async def run(ls: Any, job: Job, data: bytes, begun: Start, task_path: str) -> N
 def summary(ls: Any, job: Job) -> str:
     """The last word of a finished job: what it found for the current text, with numbers."""
     doc = ls.docs.get(job.uri)
-    history = ls.records.history(job.uri, job.kernel)
+    history = ls.records.history(job.uri)
     threshold = ls.settings.min_speedup
     offer = sg.offer(history, doc.text if doc else "", threshold)
     job.suggestions = len(offer.suggestions)
@@ -259,7 +259,7 @@ def _on_phase(ls: Any, job: Job, event: events.Phase) -> None:
 
 def _on_step(ls: Any, job: Job, step: events.Step, begun: Start) -> None:
     anchor = sg.anchor(begun.text, step.source, begun.kernels) if step.correct else None
-    ls.records.add(job.uri, job.kernel, step, anchor)
+    ls.records.add(job.uri, step, anchor)
     line = step.error.get("line")
     if not step.compiled and isinstance(line, int):
         ls.compile_errors[job.uri] = (step.source, line, str(step.error.get("message", "")))

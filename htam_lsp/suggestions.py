@@ -1,7 +1,8 @@
 """What the server learned per kernel: one record of each step, built from its `Step` event.
 
-Records live in the shared `MemoryStore` (namespace "lsp-suggestions", key
-"<uri>#<kernel>") so that suggestions and history survive a server restart. Each
+Records live in the shared `MemoryStore` (namespace "lsp-suggestions", key "<uri>#task")
+so that suggestions and history survive a server restart. A step optimizes the whole
+file (the task), wherever the cursor was, so a file has one history. Each
 `StepRecord` holds the engine's `events.Step` as it arrived (the candidate's source only
 for a correct one) and, for a correct candidate, its edit *anchored by text*: the part of
 the starting buffer the candidate changes, widened to the kernels it touches. A
@@ -50,8 +51,8 @@ NON_PORTABLE = {
 }
 
 
-def record_key(uri: str, kernel: str) -> str:
-    return f"{uri}#{kernel}"
+def record_key(uri: str) -> str:
+    return f"{uri}#task"
 
 
 @dataclass(frozen=True)
@@ -260,21 +261,21 @@ class SuggestionStore:
             self._reader = MemoryStore(self._home)
         return self._reader
 
-    def history(self, uri: str, kernel: str) -> list[StepRecord]:
-        key = record_key(uri, kernel)
+    def history(self, uri: str) -> list[StepRecord]:
+        key = record_key(uri)
         if key not in self._cache:
             raw = self.store.get(NAMESPACE, key)
             steps = raw.get("history", []) if isinstance(raw, dict) else []
             self._cache[key] = [r for r in map(StepRecord.from_json, steps) if r is not None]
         return self._cache[key]
 
-    def add(self, uri: str, kernel: str, step: events.Step, anchor: Anchor | None) -> Future[None]:
+    def add(self, uri: str, step: events.Step, anchor: Anchor | None) -> Future[None]:
         """Append a step: the cache now, the store in the writer thread."""
-        history = self.history(uri, kernel)
+        history = self.history(uri)
         number = history[-1].n + 1 if history else 1
         record = StepRecord(number, trimmed(step), time.time(), anchor)
         kept = [*history, record][-HISTORY_LIMIT:]
-        key = record_key(uri, kernel)
+        key = record_key(uri)
         self._cache[key] = kept
         return self._pool.submit(self._write, key, {"history": [r.to_json() for r in kept]})
 

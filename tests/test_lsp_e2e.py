@@ -96,6 +96,9 @@ async def test_next_step_offers_measured_candidate(client: LanguageClient, task:
     assert "x faster than your code (" in title and "correct on 3 inputs" in title
     assert all(a.data["speedup"] >= OPTIONS["minSpeedup"] for a in offered)  # type: ignore[index]
     assert offered[0].edit is None  # both clients resolve the edit lazily
+    # The step optimized the file: the C++ kernel offers what the class offers.
+    elsewhere = await _actions(client, uri, find(text, "softmax_forward(const", encoding))
+    assert [a.title for a in elsewhere if a.data] == [a.title for a in offered]
     assert final["suggestions"] == len(offered) and "faster than your code" in final["message"]
 
     # An edit elsewhere (a comment above the class) keeps the action: it is re-anchored.
