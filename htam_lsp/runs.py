@@ -58,8 +58,8 @@ def refusal(ls: Any, doc: Document, unit: discovery.Unit) -> str | None:
     """Why a job on `unit` cannot run here, said before anything starts; else None."""
     if not ls.settings.allow_execution:
         return (
-            "HTAM did not run anything: executing generated code is not allowed in this "
-            f"workspace. To allow it: {status.how_to_allow(ls)}."
+            "nothing was run: executing generated code is not allowed in this workspace. "
+            f"To allow it: {status.how_to_allow(ls)}."
         )
     if uri_path(doc.uri) is None:
         return f"HTAM runs on files on disk; {doc.uri} is not a file: URI"
@@ -72,13 +72,12 @@ def refusal(ls: Any, doc: Document, unit: discovery.Unit) -> str | None:
         where = (
             "the device setting is cpu"
             if ls.settings.device == "cpu"
-            else "there is no NVIDIA GPU here (no /dev/nvidiactl, no nvidia-smi)"
+            else "there is none here (no /dev/nvidiactl, no nvidia-smi)"
         )
         return (
-            f"HTAM did not start: {unit.name} is a CUDA kernel and {where}, so no candidate "
-            "could be verified or timed. Run HTAM on a machine with a GPU; here the code "
-            "action 'compile-check with nvcc' (HTAM: Compile-Check, :HtamCheck) checks that "
-            "it builds."
+            f"{unit.name} was not started: a CUDA kernel needs an NVIDIA GPU to be verified "
+            f"and timed, and {where}. The code action 'compile-check with nvcc' "
+            "(HTAM: Compile-Check, :HtamCheck) checks that it builds."
         )
     return None
 

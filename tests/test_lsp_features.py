@@ -288,7 +288,10 @@ async def test_cuda_without_a_gpu_is_refused_at_once_with_the_reason(client: Lan
     answer = await _run(client, "htam.nextStep", {"uri": uri})
     assert (answer["state"] == "refused") == (not has_gpu()), answer
     if not has_gpu():
-        assert "CUDA kernel and there is no NVIDIA GPU here" in answer["message"]
+        assert (
+            "needs an NVIDIA GPU to be verified and timed, and there is none here"
+            in (answer["message"])
+        )
     client.workspace_did_change_configuration(
         t.DidChangeConfigurationParams({"htam": {"device": "cpu"}})
     )
@@ -296,7 +299,7 @@ async def test_cuda_without_a_gpu_is_refused_at_once_with_the_reason(client: Lan
     if forced.get("alreadyRunning"):  # a GPU machine: the first job is still going
         await _run(client, "htam.cancel", {})
         return
-    assert forced["state"] == "refused" and "the device setting is cpu" in forced["message"]
+    assert forced["state"] == "refused" and "and the device setting is cpu" in forced["message"]
 
 
 async def test_status_says_what_the_server_can_do_here(client: LanguageClient):

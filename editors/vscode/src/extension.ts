@@ -486,7 +486,8 @@ class Htam implements vscode.Disposable {
     if (state.state === "failed") {
       void vscode.window.showErrorMessage(said);
     } else if (state.state === "refused") {
-      void vscode.window.showWarningMessage(said);
+      // The reason comes first: a long toast shows only its first line.
+      void vscode.window.showWarningMessage(`HTAM: ${state.message || "refused"}`);
     } else if (state.state === "done" && state.suggestions > 0) {
       void vscode.window.showInformationMessage(said, "Show Actions").then((choice) => {
         if (choice) {
