@@ -147,3 +147,19 @@ def test_cancel_kills_the_worker_promptly():
     verdict = run("hang.py", use_cache=False, cancel=cancel, on_phase=on_phase)
     assert verdict.error and verdict.error.kind == "cancelled"
     assert time.monotonic() - cancelled_at[0] < 5
+
+
+def test_triton_candidate_is_verified_under_the_interpreter_and_not_timed():
+    pytest.importorskip("triton")
+    path = Path(__file__).parent.parent / "examples" / "gelu" / "triton_naive.py"
+    task = load_task(path)
+    assert task.backend == "triton"
+    verdict = evaluate(task, path.read_text(), device="cpu", limits=QUICK, use_cache=False)
+    assert verdict.error is None, verdict.error
+    assert verdict.correct and verdict.inputs_checked == 3 and not failed_checks(verdict)
+    assert verdict.note == "not timed: Triton interpreter"
+    assert verdict.speedup is None and "time" not in verdict.phase_seconds
+
+
+def failed_checks(verdict):
+    return [check.name for check in verdict.checks if not check.passed]

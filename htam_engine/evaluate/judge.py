@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from htam_engine import triton_backend
 from htam_engine.evaluate import common, sandbox
 from htam_engine.evaluate.process import (
     Child,
@@ -161,7 +162,7 @@ class Side:
             role,
             sandbox.command(argv, self.box, job["device"]),
             self.box,
-            sandbox.environment(self.box, job["threads"]),
+            _environment(self.box, job),
             self.box / "worker.log",
             memory_mb=memory,
         )
@@ -171,6 +172,13 @@ class Side:
         """Before `load`, so no candidate code has run that could have planted them."""
         self.inbuf = _buffer(self.box / "in.bin", sizes[0])
         self.outbuf = _buffer(self.box / "out.bin", sizes[1])
+
+
+def _environment(box: Path, job: dict[str, Any]) -> dict[str, str]:
+    env = sandbox.environment(box, job["threads"])
+    if job["backend"] == "triton":
+        env.update(triton_backend.environment(job["device"], box))
+    return env
 
 
 def _buffer(path: Path, size: int) -> torch.Tensor:

@@ -72,6 +72,7 @@ class Verdict:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     sandbox: str = "none"  # "bwrap" or "none": how the candidate was isolated
     threads: int = 0  # the CPU thread count both reference and candidate were timed with
+    note: str = ""  # why a correct verdict has no timing (Triton under its interpreter)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,18 +11,20 @@ believes none of its words, only its own clock and what it reads from `out.bin`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.autograd.profiler import profile
 
-from htam_engine import kernels
+from htam_engine import kernels, triton_backend
 from htam_engine.evaluate import common
 from htam_engine.evaluate.static import LAYOUT_OPS
 
@@ -89,6 +91,18 @@ def _library_probe(frame: Any, event: str, arg: Any) -> None:
             _LIBRARY_CALLS.append(f"{module or 'torch'}.{name}")
 
 
+@contextlib.contextmanager
+def _unwatched() -> Iterator[None]:
+    """The library probe paused: Triton's interpreter computes with numpy by design
+    (what its kernels may call is checked statically)."""
+    previous = sys.getprofile()
+    sys.setprofile(None)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+
+
 def _ops(prof: profile) -> set[str]:
     return {event.name.split("::")[-1] for event in prof.function_events}
 
@@ -129,6 +143,8 @@ class Harness:
                 self.candidate_path.read_text(), self.job["entry"], self.job["name"]
             )
         else:
+            if self.job["backend"] == "triton" and triton_backend.interpreted(self.job["device"]):
+                triton_backend.prepare_interpreter(unwatched=_unwatched)
             module = common.import_file("htam_candidate", self.candidate_path)
             if not hasattr(module, "ModelNew"):
                 raise common.CandidateError("the candidate defines no `ModelNew`")
