@@ -130,7 +130,8 @@ def offered(ls: Any, doc: Document) -> sg.Offer:
     newest = history[-1].n if history else 0
     key = f"offer:{newest}:{ls.settings.min_speedup}"
     if key not in doc.cache:
-        doc.cache[key] = sg.offer(history, doc.text, ls.settings.min_speedup)
+        text = doc.text if history else ""  # no history: no need to decode the file
+        doc.cache[key] = sg.offer(history, text, ls.settings.min_speedup)
     cached: sg.Offer = doc.cache[key]
     return cached
 
