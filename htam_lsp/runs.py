@@ -77,7 +77,7 @@ def refusal(ls: Any, doc: Document, unit: discovery.Unit) -> str | None:
         return (
             f"{unit.name} was not started: a CUDA kernel needs an NVIDIA GPU to be verified "
             f"and timed, and {where}. The code action 'compile-check with nvcc' "
-            "(HTAM: Compile-Check, :HtamCheck) checks that it builds."
+            f"({status.how_to_check(ls)}) checks that it builds."
         )
     return None
 

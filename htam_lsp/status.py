@@ -49,14 +49,28 @@ def _device(setting: str, gpu: bool) -> dict[str, str]:
     return {"name": "cpu", "why": "auto: no NVIDIA GPU here; CUDA kernels cannot run"}
 
 
+def client_kind(ls: Any) -> str:
+    """ "neovim", "vscode" or "other", from the client's `clientInfo.name`."""
+    name = (getattr(ls, "client_name", "") or "").lower()
+    if "neovim" in name or "nvim" in name:
+        return "neovim"
+    return "vscode" if "code" in name else "other"
+
+
 def how_to_allow(ls: Any) -> str:
     """How the user of this client allows execution, in the client's own terms."""
-    info = getattr(ls, "client_name", "") or ""
-    if "neovim" in info.lower() or "nvim" in info.lower():
-        return "require('htam').setup({ allow_execution = true })"
-    if "code" in info.lower():
-        return "trust the workspace (Workspaces: Manage Workspace Trust)"
-    return "start htam-lsp with initializationOptions { allowExecution: true }"
+    return {
+        "neovim": "require('htam').setup({ allow_execution = true })",
+        "vscode": "trust the workspace (Workspaces: Manage Workspace Trust)",
+    }.get(client_kind(ls), "start htam-lsp with initializationOptions { allowExecution: true }")
+
+
+def how_to_check(ls: Any) -> str:
+    """How the user of this client runs the nvcc compile check."""
+    return {
+        "neovim": ":HtamCheck",
+        "vscode": "HTAM: Compile-Check with nvcc",
+    }.get(client_kind(ls), "the htam.compileCheck command")
 
 
 async def _gpu_name() -> str | None:

@@ -288,10 +288,10 @@ async def test_cuda_without_a_gpu_is_refused_at_once_with_the_reason(client: Lan
     answer = await _run(client, "htam.nextStep", {"uri": uri})
     assert (answer["state"] == "refused") == (not has_gpu()), answer
     if not has_gpu():
-        assert (
-            "needs an NVIDIA GPU to be verified and timed, and there is none here"
-            in (answer["message"])
-        )
+        assert "a CUDA kernel needs an NVIDIA GPU" in answer["message"]
+        assert "there is none here" in answer["message"]
+        check = {"neovim": ":HtamCheck", "visual-studio-code": "HTAM: Compile-Check with nvcc"}
+        assert check[spec] in answer["message"]  # what to run instead, in this client
     client.workspace_did_change_configuration(
         t.DidChangeConfigurationParams({"htam": {"device": "cpu"}})
     )
