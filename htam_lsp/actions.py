@@ -165,6 +165,9 @@ def _notes(ls: Any, graph: Any, offer: sg.Offer) -> list[str]:
             f"{len(offer.dropped)} measured candidate(s) no longer apply: the kernel's text "
             "changed since they were measured. Run a step again."
         )
+    if offer.untimed and not offer.suggestions:
+        note = offer.untimed[-1].step.verdict.get("note") or "not timed here"
+        notes.append(f"Correct candidates, but {note}: nothing to compare, nothing offered.")
     if offer.slower and not offer.suggestions:
         notes.append(
             f"No candidate is offered: none was at least {ls.settings.min_speedup:.2f}x faster "

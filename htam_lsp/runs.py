@@ -198,6 +198,9 @@ def summary(ls: Any, job: Job) -> str:
     if offer.suggestions:
         best = offer.suggestions[0].record
         return f"best {render.gain_text(best)}; apply it from the code actions{tail}"
+    if offer.untimed and not offer.slower:
+        note = offer.untimed[-1].step.verdict.get("note") or "not timed here"
+        return f"nothing to apply: correct, but {note}: no speedup to compare{tail}"
     fastest = max((r.step.speedup or 0.0 for r in offer.slower), default=None)
     if fastest is not None:
         return (

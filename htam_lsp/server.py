@@ -31,6 +31,7 @@ from pygls.exceptions import (  # noqa: E402
 from pygls.lsp.server import LanguageServer  # noqa: E402
 
 from htam_engine import __version__, events  # noqa: E402
+from htam_engine.vocabulary import BACKENDS  # noqa: E402
 from htam_lsp import actions, discovery, insight, runs, status  # noqa: E402
 from htam_lsp import suggestions as sg  # noqa: E402
 from htam_lsp.documents import Document, DocumentStore  # noqa: E402
@@ -469,8 +470,8 @@ async def show_memory(ls: HtamServer, *args: Any) -> dict[str, Any]:
     doc = ls.document(arg["uri"]) if arg.get("uri") else ls.docs.get(ls.focus)
     default = insight.backend(doc) if doc is not None and doc.language else "cuda"
     backend = arg.get("backend", default)
-    if backend not in ("cuda", "cpu"):
-        raise JsonRpcInvalidParams("HTAM: backend must be 'cuda' or 'cpu'")
+    if backend not in BACKENDS:
+        raise JsonRpcInvalidParams(f"HTAM: backend must be one of {', '.join(BACKENDS)}")
     return actions.memory_summary(ls.graph(backend))
 
 

@@ -43,6 +43,7 @@ VERDICT_KEYS = (
     "inputs_checked",
     "cached",
     "sandbox",
+    "note",
 )
 # Edits whose result holds only on this machine or changes floating-point results.
 NON_PORTABLE = {
@@ -206,6 +207,7 @@ class Offer:
     dropped: list[StepRecord]  # would be offered, but the kernel's text changed
     slower: list[StepRecord]  # correct, applicable, but under the threshold
     applied: list[StepRecord] = field(default_factory=list)  # the text holds its result
+    untimed: list[StepRecord] = field(default_factory=list)  # correct, no time to compare
 
 
 def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
@@ -215,6 +217,7 @@ def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
     dropped: list[StepRecord] = []
     slower: list[StepRecord] = []
     applied: list[StepRecord] = []
+    untimed: list[StepRecord] = []
     for record in history:
         if record.anchor is None or not record.step.correct:
             continue
@@ -222,7 +225,10 @@ def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
         if at < 0 or text.find(record.anchor.old, at + 1) >= 0:
             (applied if record.anchor.new in text else dropped).append(record)
             continue
-        if (record.step.speedup or 0.0) < threshold:
+        if record.step.speedup is None:
+            untimed.append(record)  # e.g. Triton's interpreter: correct, never timed
+            continue
+        if record.step.speedup < threshold:
             slower.append(record)
             continue
         found = Suggestion(record, at, at + len(record.anchor.old))
@@ -230,7 +236,7 @@ def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
         if held is None or _rank(record) > _rank(held.record):
             best[record.step.local_id] = found
     ranked = sorted(best.values(), key=lambda s: _rank(s.record), reverse=True)
-    return Offer(ranked, dropped, slower, applied)
+    return Offer(ranked, dropped, slower, applied, untimed)
 
 
 def _rank(record: StepRecord) -> float:

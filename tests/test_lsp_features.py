@@ -395,3 +395,15 @@ async def test_cuda_without_a_gpu_gets_an_nvcc_compile_check(
         lambda: [d for d in client.diagnostics.get(uri, []) if d.code == "candidate_compile_error"]
     )
     assert diagnostics[0].range.start.line == 5  # the line nvcc named (its line 6)
+
+
+async def test_triton_kernels_get_lenses_and_their_own_memory(client: LanguageClient):
+    await initialize(client, client.spec)  # type: ignore[attr-defined]
+    uri = open_file(client, REPO / "examples" / "softmax" / "triton_naive.py", "python")
+    lenses = await client.text_document_code_lens_async(
+        t.CodeLensParams(t.TextDocumentIdentifier(uri))
+    )
+    titles = [lens.command.title for lens in lenses or [] if lens.command]
+    assert titles.count("Optimize with HTAM") == 2  # the @triton.jit kernel and ModelNew
+    shown = await _run(client, "htam.showMemory", {"uri": uri})
+    assert shown["memory"]["backend"] == "triton"

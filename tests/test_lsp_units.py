@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -115,6 +117,8 @@ def test_anchor_widens_to_the_kernel_and_survives_edits_elsewhere():
     changed = FILE.replace("x[0] = 1;", "x[0] = 3;", 1)
     assert sg.offer([record], changed, 1.1).dropped == [record]
     assert sg.offer([record], FILE, 1.6).slower == [record]  # under the threshold
+    untimed = sg.StepRecord(2, replace(_step(1.0, candidate), speedup=None), 0.0, found)
+    assert sg.offer([untimed], FILE, 1.1).untimed == [untimed]  # correct, never timed
     done = sg.offer([record], candidate, 1.1)  # the suggestion was applied
     assert done.applied == [record] and not done.dropped and not done.suggestions
 
