@@ -47,7 +47,7 @@ command('HtamMemory', function(a)
 end, {
   nargs = '?',
   complete = function()
-    return { 'cuda', 'cpu' }
+    return { 'cuda', 'cpu', 'triton' }
   end,
   desc = 'HTAM: show the learned memory',
 })
