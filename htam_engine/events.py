@@ -97,6 +97,7 @@ class Result:
     best_step: int
     stopped: str
     output_dir: str
+    note: str = ""  # what the numbers can say, e.g. correctness only (not timed)
 
 
 @dataclass(frozen=True)

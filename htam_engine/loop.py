@@ -32,6 +32,7 @@ from htam_engine.policy.llm_chooser import LLMLocalSelector
 from htam_engine.state import State
 from htam_engine.strategies import REGISTRY
 from htam_engine.task import Task
+from htam_engine.triton_backend import CORRECTNESS_ONLY
 from htam_engine.vocabulary import Status
 
 Emit = Callable[[events.Event], None]
@@ -66,6 +67,8 @@ class RunResult:
     best_source: str = ""
     best_step: int = 0  # 0 = the starting implementation
     translation: Step | None = None  # step 0 when the LLM wrote the starting implementation
+    best_correct: bool = False  # the best implementation passed verification
+    note: str = ""  # what the run's numbers can say (e.g. correctness only, not timed)
     best_ref_speedup: float | None = None
     start_ref_speedup: float | None = None
     stopped: str = "completed"
@@ -73,7 +76,7 @@ class RunResult:
 
     @property
     def correct(self) -> bool:
-        return self.best_ref_speedup is not None
+        return self.best_correct
 
     @property
     def best_speedup(self) -> float | None:
@@ -89,6 +92,7 @@ class RunResult:
             "backend": self.backend,
             "provider": self.provider,
             "correct": self.correct,
+            "note": self.note,
             "best_speedup": self.best_speedup,
             "ref_speedup": self.best_ref_speedup,
             "best_step": self.best_step,
@@ -110,6 +114,7 @@ class RunResult:
             best_step=self.best_step,
             stopped=self.stopped,
             output_dir=self.output_dir,
+            note=self.note,
         )
 
 
@@ -170,6 +175,9 @@ class Optimizer:
         if start is None:
             return self.result
         self.result.start_verdict = start.to_json()
+        self.result.best_correct = start.correct
+        if start.note:
+            self.result.note = CORRECTNESS_ONLY
         if usable_as_baseline(start):
             self.result.start_ref_speedup = self.result.best_ref_speedup = start.speedup
         for step in range(1, self.config.steps + 1):
@@ -213,8 +221,11 @@ class Optimizer:
             verdict_json = verdict.to_json()
             status, speedup_vs_best = self._status(verdict)
             if status == Status.IMPROVED:
-                self.result.best_source, self.result.best_step = candidate, step
                 self.result.best_ref_speedup = verdict.speedup
+            if status == Status.IMPROVED or (verdict.correct and verdict.note):
+                # an untimed run (Triton under its interpreter) goes on from correct code
+                self.result.best_source, self.result.best_step = candidate, step
+                self.result.best_correct = True
         self._phase(step, "update", g, local_id)
         r = self._learn(decision, status, verdict_json, speedup_vs_best, candidate)
         record = Step(
@@ -378,6 +389,8 @@ class Optimizer:
         if not verdict.correct:
             failed = {"crash": Status.CRASH, "timeout": Status.TIMEOUT}
             return failed.get(kind or "", Status.INCORRECT), None
+        if verdict.note:  # correct but not timed: nothing to compare
+            return Status.NOT_IMPROVED, None
         best = self.result.best_ref_speedup
         ratio = verdict.speedup / best if best is not None and verdict.speedup else None
         if not usable_as_baseline(verdict):  # suspect even when re-timed: never a new best

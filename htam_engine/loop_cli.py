@@ -123,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         console.quiet = False
         console.print(_final_table(summary))
         console.print(f"results in [bold]{result.output_dir}[/]")
+        if result.note:
+            console.print(f"[yellow]{result.note}[/]")
     if result.stopped == "interrupted":
         return 130
     llm_failed = result.stopped.startswith("LLM failed")

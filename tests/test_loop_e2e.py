@@ -223,3 +223,5 @@ def test_a_suspect_speedup_never_becomes_the_best(task: Path, tmp_path: Path) ->
     suspect = Verdict(**timed, speedup=20.0, suspect=True)
     assert optimizer._status(honest) == (Status.IMPROVED, 4.0)
     assert optimizer._status(suspect) == (Status.NOT_IMPROVED, 40.0)
+    untimed = Verdict(compiled=True, correct=True, note="not timed: Triton interpreter")
+    assert optimizer._status(untimed) == (Status.NOT_IMPROVED, None)
