@@ -98,6 +98,13 @@ def test_a_forged_result_never_reaches_the_caller():
     assert expected in failed(verdict), verdict.checks
 
 
+def test_work_deferred_past_done_is_still_timed():
+    verdict = measure(CANDIDATES / "adversarial" / "deferred_store.py")
+    assert verdict.correct, verdict.error
+    deferred_ms = 20.0  # what it sleeps after the harness marked `done`, every call
+    assert verdict.runtime_ms is not None and verdict.runtime_ms > deferred_ms
+
+
 def test_no_input_is_ever_given_twice():
     verdict = measure(CANDIDATES / "adversarial" / "value_cache.py")
     assert verdict.correct, verdict.error

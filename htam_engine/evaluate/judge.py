@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,35 @@ def timing_lock(device: str) -> Iterator[None]:
         yield
     finally:
         os.close(descriptor)
+
+
+_MARKS = ("staged", "done", "stored")
+_FLOOR_MS = 1e-6
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call as this process saw it: the wall time from letting the worker go to its
+    outputs being stored, and (believed for the reference only) the time between its
+    `staged` and `done` marks."""
+
+    wall_ms: float
+    marked_ms: float
+    mismatch: str
+
+
+def samples(calls: dict[str, list[Call]]) -> tuple[list[float], list[float], float]:
+    """Milliseconds per timed call (warm-up dropped). The reference's are its marked
+    kernel times; the harness's share of its calls (staging, copying the outputs out,
+    waking up) is the median of wall minus marked, and the candidate is charged its
+    whole wall time less that share: work it defers past `done` is still counted."""
+    reference = calls["reference"][WARMUP:]
+    share = statistics.median(c.wall_ms - c.marked_ms for c in reference) if reference else 0.0
+    return (
+        [max(c.marked_ms, _FLOOR_MS) for c in reference],
+        [max(c.wall_ms - share, _FLOOR_MS) for c in calls["candidate"][WARMUP:]],
+        share,
+    )
 
 
 class Side:
@@ -280,12 +310,9 @@ class Judge:
             raise
         return event
 
-    def call(
-        self, side: Side, inputs: list[Any], out_items: list[dict], limit_s: float
-    ) -> tuple[float, str]:
-        """Run one call on `side`: milliseconds by this process's clock, and '' or why the
-        outputs do not have the expected layout. The side is left stopped, its outputs in
-        its `out.bin`."""
+    def call(self, side: Side, inputs: list[Any], out_items: list[dict], limit_s: float) -> Call:
+        """Run one call on `side`, timed by this process's clock; the side is left
+        stopped, its outputs in its `out.bin`."""
         items, _ = common.layout(inputs)
         for item, value in zip(items, inputs, strict=True):
             if isinstance(value, torch.Tensor):
@@ -301,15 +328,16 @@ class Judge:
         start = time.perf_counter()  # the inputs are in place; the worker is stopped
         thaw(side.child)
         side.child.send(json.dumps(command))
-        done = self._expect(side, "done", limit_s, "call")
+        marks = [self._expect(side, mark, limit_s, "call") for mark in _MARKS]
         freeze(side.child)
-        if done.get("k") != side.calls:
-            self.timing.fail("timing.call_count", side.role, f"answered {done.get('k')!r}")
+        if any(mark.get("k") != side.calls for mark in marks):
+            self.timing.fail("timing.call_count", side.role, f"call {side.calls} mismatched")
         side.calls += 1
-        mismatch = str(done.get("mismatch") or "")
+        mismatch = str(marks[-1].get("mismatch") or "")
         if mismatch and side.role == "reference":
             raise Stop("runtime_error", f"the reference returned {mismatch}"[:600])
-        return (float(done["_t"]) - start) * 1e3, mismatch
+        staged, done, stored = (float(mark["_t"]) for mark in marks)
+        return Call((stored - start) * 1e3, (done - staged) * 1e3, mismatch)
 
     def outputs(self, side: Side, out_items: list[dict]) -> Outputs:
         return [common.tensor_view(side.outbuf, item).clone() for item in out_items]
@@ -325,7 +353,7 @@ class Judge:
     def verify_all(self) -> None:
         side = self.sides["candidate"]
         for index, inputs in enumerate(self.sets):
-            _, mismatch = self.call(side, inputs, self.out_items[index], self.job["verify_s"])
+            mismatch = self.call(side, inputs, self.out_items[index], self.job["verify_s"]).mismatch
             if mismatch:
                 self.verify.fail("output.shape", f"input set {index + 1}", mismatch)
                 continue
@@ -400,53 +428,50 @@ class Judge:
         return checks
 
     # timing ---------------------------------------------------------------------------
-    def time_all(self) -> dict[str, list[float]]:
+    def time_all(self) -> tuple[list[float], list[float], float]:
         """Reference and candidate calls on the same fresh inputs, alternating which goes
         first; a call may take `CALL_LIMIT_FACTOR` times the reference's median (so a
         hanging candidate holds the timing lock seconds, not the phase limit)."""
-        samples: dict[str, list[float]] = {role: [] for role in ROLES}
-        reference_ms: list[float] = []
+        calls: dict[str, list[Call]] = {role: [] for role in ROLES}
         budget = time.monotonic() + min(TIMING_BUDGET_S, self.job["time_s"] * 0.8)
         items = self.out_items[0]
         for k in range(WARMUP + self.job["max_trials"]):
-            final = self._enough(samples, k, budget)
+            final = self._enough(calls, k, budget)
             inputs = self._make_inputs()
             judged = final or _rng.random() < JUDGED_SHARE
             got: dict[str, Outputs] = {}
             for role in ROLES if k % 2 == 0 else ROLES[::-1]:
-                limit = self.job["time_s"]
-                if reference_ms:
-                    median_s = statistics.median(reference_ms) / 1e3
-                    limit = max(CALL_LIMIT_FLOOR_S, CALL_LIMIT_FACTOR * median_s)
-                elapsed, mismatch = self.call(self.sides[role], inputs, items, limit)
-                if role == "reference":
-                    reference_ms.append(elapsed)
-                if mismatch:
-                    self.timing.fail("timing.outputs", f"timed call {k + 1}", mismatch)
+                made = self.call(self.sides[role], inputs, items, self._limit(calls))
+                if made.mismatch:
+                    self.timing.fail("timing.outputs", f"timed call {k + 1}", made.mismatch)
                     judged = False
-                if k >= WARMUP:
-                    samples[role].append(elapsed)
+                calls[role].append(made)
                 if judged:
                     got[role] = self.outputs(self.sides[role], items)
             if judged:
                 self._judge_timed(k, inputs, got)
             if final:
                 break
-        return samples
+        return samples(calls)
 
-    def _enough(self, samples: dict[str, list[float]], k: int, budget: float) -> bool:
+    def _limit(self, calls: dict[str, list[Call]]) -> float:
+        if not calls["reference"]:
+            return float(self.job["time_s"])
+        median_s = statistics.median(c.wall_ms for c in calls["reference"]) / 1e3
+        return max(CALL_LIMIT_FLOOR_S, CALL_LIMIT_FACTOR * median_s)
+
+    def _enough(self, calls: dict[str, list[Call]], k: int, budget: float) -> bool:
         """Whether call `k` is the last: both sides' means are known to 1 %, or the trial
         cap or (past the minimum of trials) the time budget is reached."""
-        counts = [len(values) for values in samples.values()]
         if k + 1 >= WARMUP + self.job["max_trials"]:
             return True
-        if min(counts) < MIN_TRIALS:
+        if min(len(c) for c in calls.values()) < WARMUP + MIN_TRIALS:
             return False
         if time.monotonic() > budget:
             return True
         return all(
             statistics.stdev(v) / len(v) ** 0.5 < 0.01 * statistics.median(v)
-            for v in samples.values()
+            for v in samples(calls)[:2]
         )
 
     def _judge_timed(self, k: int, inputs: list[Any], got: dict[str, Outputs]) -> None:
@@ -478,14 +503,15 @@ class Judge:
         self.wait_caller("time")
         with timing_lock(self.device.type):
             self.emit(event="timing")
-            samples = self.time_all()
+            reference, candidate, share = self.time_all()
         for side in self.sides.values():
             self._leftovers(side)
         checks = self.timing.as_list() + self.report()
         self.emit(
             event="timed",
-            ref=samples["reference"],
-            cand=samples["candidate"],
+            ref=reference,
+            cand=candidate,
+            harness_ms=share,
             checks=checks,
             threads=self.job["threads"],
         )

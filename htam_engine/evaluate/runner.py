@@ -338,6 +338,7 @@ def _phases(
     verdict.threads = int(timed["threads"])
     _raise_failed(_merge(verdict, timed["checks"]))
     _record_timing(verdict, timed["ref"], timed["cand"])
+    verdict.spread["harness_ms"] = float(timed["harness_ms"])
 
 
 def _cv(samples: list[float]) -> float:

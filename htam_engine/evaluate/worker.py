@@ -181,13 +181,17 @@ class Harness:
         return inputs
 
     def call(self, command: dict[str, Any]) -> None:
-        """Run the model once on the inputs in `in.bin`. The judge's clock runs from
-        before this process was let go (with the inputs already in place) to `done`, so
-        everything here, preparation included, is timed."""
+        """Run the model once on the inputs in `in.bin`, marking `staged` (inputs ready),
+        `done` (the model returned) and `stored` (outputs copied out). The judge's clock
+        runs from before this process was let go to `stored`; only the reference's marks
+        are believed, to tell its kernel time from the harness's share, and the
+        candidate is charged its whole time less that share."""
         inputs = self._inputs(command["inputs"], command["in_size"])
         out = self._map("out.bin", max(command["out_size"], 1))
         if self.flush is not None:
             self.flush.zero_()
+        self._sync()
+        self.emit(event="staged", k=command["k"])
         with torch.no_grad():
             _WATCH.set()
             sys.setprofile(_library_probe)
@@ -195,8 +199,9 @@ class Harness:
             sys.setprofile(None)
             _WATCH.clear()
             self._sync()
+            self.emit(event="done", k=command["k"])
             mismatch = self._store(result, command["out"], out, inputs)
-        self.emit(event="done", k=command["k"], mismatch=mismatch)
+        self.emit(event="stored", k=command["k"], mismatch=mismatch)
 
     def _store(
         self, result: Any, layout: list[dict[str, Any]], out: torch.Tensor, inputs: list[Any]
