@@ -164,3 +164,34 @@ def test_titles_label_non_portable_edits_first_and_say_only_what_the_name_does_n
     name = "-o3 -march=native"
     assert _said("march_native", name) and _said("opt_O3", name)
     assert not _said("restrict_pointers", name)
+
+
+def test_stop_asks_with_sigterm_then_kills_what_ignores_it():
+    """The one cancellation protocol, on real process groups: a process that handles
+    SIGTERM ends on it (and may say its last word); one that ignores it is killed after
+    the grace period; both jobs end cancelled."""
+    import asyncio
+    import sys
+
+    from htam_lsp.jobs import JobManager
+
+    polite = "import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n"
+    stubborn = "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    started = 'print(\'{"event": "error", "message": "up"}\', flush=True)\ntime.sleep(60)\n'
+
+    async def run(code: str) -> tuple[Job, float]:
+        jobs = JobManager(grace_s=0.5)
+        job = jobs.create("file:///k.py", "k", 1)
+        argv = [sys.executable, "-c", code + started]
+        task = asyncio.create_task(jobs.run(job, argv, lambda j, e: None))
+        while job.last is None:  # the process is up and has handled its signals
+            await asyncio.sleep(0.02)
+        begun = asyncio.get_running_loop().time()
+        jobs.stop(job)
+        await asyncio.wait_for(task, 10)
+        return job, asyncio.get_running_loop().time() - begun
+
+    job, took = asyncio.run(run(polite))
+    assert job.state == "cancelled" and took < 0.5  # SIGTERM was enough
+    job, took = asyncio.run(run(stubborn))
+    assert job.state == "cancelled" and 0.5 <= took < 5  # killed after the grace period
