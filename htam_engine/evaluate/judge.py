@@ -156,9 +156,9 @@ _FLOOR_MS = 1e-6
 
 @dataclass(frozen=True)
 class Call:
-    """One call as this process saw it: the wall time from letting the worker go to its
-    outputs being stored, and (believed for the reference only) the time between its
-    `staged` and `done` marks."""
+    """One call: the wall time by this process's clock from letting the worker go to its
+    `stored` mark arriving, and (believed for the reference only) the time between its
+    `staged` and `done` marks by the worker's own clock."""
 
     wall_ms: float
     marked_ms: float
@@ -177,6 +177,12 @@ def samples(calls: dict[str, list[Call]]) -> tuple[list[float], list[float], flo
         [max(c.wall_ms - share, _FLOOR_MS) for c in calls["candidate"][WARMUP:]],
         share,
     )
+
+
+def _stamp(mark: dict[str, Any]) -> float:
+    """The worker's own clock in a mark (perf_counter is system-wide on Linux)."""
+    value = mark.get("t")
+    return float(value) if isinstance(value, int | float) else float("nan")
 
 
 class Side:
@@ -336,8 +342,8 @@ class Judge:
         mismatch = str(marks[-1].get("mismatch") or "")
         if mismatch and side.role == "reference":
             raise Stop("runtime_error", f"the reference returned {mismatch}"[:600])
-        staged, done, stored = (float(mark["_t"]) for mark in marks)
-        return Call((stored - start) * 1e3, (done - staged) * 1e3, mismatch)
+        staged, done = (_stamp(mark) for mark in marks[:2])
+        return Call((float(marks[-1]["_t"]) - start) * 1e3, (done - staged) * 1e3, mismatch)
 
     def outputs(self, side: Side, out_items: list[dict]) -> Outputs:
         return [common.tensor_view(side.outbuf, item).clone() for item in out_items]

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,7 +183,8 @@ class Harness:
 
     def call(self, command: dict[str, Any]) -> None:
         """Run the model once on the inputs in `in.bin`, marking `staged` (inputs ready),
-        `done` (the model returned) and `stored` (outputs copied out). The judge's clock
+        `done` (the model returned, with this process's clock: the judge may not get a
+        core while the model runs) and `stored` (outputs copied out). The judge's clock
         runs from before this process was let go to `stored`; only the reference's marks
         are believed, to tell its kernel time from the harness's share, and the
         candidate is charged its whole time less that share."""
@@ -191,7 +193,7 @@ class Harness:
         if self.flush is not None:
             self.flush.zero_()
         self._sync()
-        self.emit(event="staged", k=command["k"])
+        self.emit(event="staged", k=command["k"], t=time.perf_counter())
         with torch.no_grad():
             _WATCH.set()
             sys.setprofile(_library_probe)
@@ -199,7 +201,7 @@ class Harness:
             sys.setprofile(None)
             _WATCH.clear()
             self._sync()
-            self.emit(event="done", k=command["k"])
+            self.emit(event="done", k=command["k"], t=time.perf_counter())
             mismatch = self._store(result, command["out"], out, inputs)
         self.emit(event="stored", k=command["k"], mismatch=mismatch)
 
