@@ -356,13 +356,12 @@ class Optimizer:
 
     def _measure(self, step: int, source: str, g: str = "", local: str = "") -> Verdict:
         """A verdict fit to compare against: a cached verdict that is no baseline (suspect,
-        recorded without the sandbox) and a fresh suspect one are measured once more."""
+        recorded without the sandbox), a fresh suspect one and a timing whose interval did
+        not narrow are measured once more."""
         verdict = self._evaluate(step, source, g, local)
-        if (
-            verdict.correct
-            and (verdict.suspect or verdict.cached)
-            and not usable_as_baseline(verdict)
-        ):
+        unsettled = verdict.runtime_ms is not None and not verdict.converged
+        doubtful = verdict.suspect or (verdict.cached and not usable_as_baseline(verdict))
+        if verdict.correct and (doubtful or unsettled):
             verdict = self._evaluate(step, source, g, local, use_cache=False)
         return verdict
 

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from htam_engine import events
 from htam_engine.errors import NoStartError, UserError
-from htam_engine.report import format_speedup
+from htam_engine.report import format_interval, format_speedup
 
 PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
 
@@ -202,7 +202,7 @@ def _final_table(summary: dict[str, Any]) -> Table:
             s["local"],
             s["status"],
             format_speedup(s["speedup"]),
-            format_speedup(s["verdict"].get("speedup") if s["verdict"].get("correct") else None),
+            format_interval(s["verdict"]),
         )
     table.caption = (
         f"best: {format_speedup(summary['best_speedup'])} over the start, "

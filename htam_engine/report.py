@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from htam_engine.loop import RunResult
@@ -28,15 +28,16 @@ def markdown_report(result: RunResult) -> str:
         f"- best (step {result.best_step}): {format_speedup(result.best_speedup)} over the start, "
         f"{format_speedup(result.best_ref_speedup)} vs PyTorch",
         "",
-        "| step | direction | strategy | reason | outcome | vs start | runtime ms |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| step | direction | strategy | reason | outcome | vs start | vs PyTorch | runtime ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in result.steps:
         runtime = s.verdict.get("runtime_ms")
         shown = "-" if runtime is None else f"{runtime:.3f}"
         lines.append(
             f"| {s.step} | {s.global_id} | {s.local_id} | {s.reason.replace('|', '/')} "
-            f"| {s.status} | {format_speedup(s.speedup)} | {shown} |"
+            f"| {s.status} | {format_speedup(s.speedup)} | {format_interval(s.verdict)} "
+            f"| {shown} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -68,3 +69,14 @@ def plot_speedups(result: RunResult, path: Path) -> None:
 
 def format_speedup(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
+
+
+def format_interval(verdict: dict[str, Any]) -> str:
+    """A timed verdict's speedup over PyTorch with its 95 % interval and flags:
+    "1.46x (95 % 1.41-1.52)", "... noisy", "... suspect"; "-" when not timed."""
+    interval = verdict.get("interval") or {}
+    if not verdict.get("correct") or not interval:
+        return "-"
+    text = f"{interval['estimate']:.2f}x (95 % {interval['low']:.2f}-{interval['high']:.2f})"
+    flags = [name for name in ("noisy", "suspect") if verdict.get(name)]
+    return " ".join([text, *flags])

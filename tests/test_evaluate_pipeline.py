@@ -44,7 +44,15 @@ def test_correct_candidate_is_verified_and_timed():
     assert all(check.passed for check in verdict.checks)
     assert len(verdict.samples["candidate"]) >= 10 and len(verdict.samples["reference"]) >= 10
     assert verdict.runtime_ms and verdict.ref_runtime_ms and verdict.speedup
-    assert verdict.speedup == pytest.approx(verdict.ref_runtime_ms / verdict.runtime_ms)
+    interval = verdict.interval  # paired: each timed input ran on both sides
+    assert interval["pairs"] == len(verdict.samples["candidate"])
+    assert interval["low"] <= verdict.speedup == interval["estimate"] <= interval["high"]
+    assert verdict.converged == (interval["half_width"] <= 0.05)
+    assert verdict.threads == 1 and set(verdict.load) == {"before", "after", "cores"}
+    assert verdict.noisy == (
+        not verdict.converged
+        or max(verdict.load["before"], verdict.load["after"]) >= verdict.load["cores"]
+    )
     assert set(verdict.phase_seconds) == {"compile", "verify", "time"}
     assert "htam_candidate" not in sys.modules  # the caller never imports the candidate
 

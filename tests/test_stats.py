@@ -50,3 +50,14 @@ def test_the_same_pairs_give_the_same_interval() -> None:
 def test_unpaired_or_impossible_times_are_rejected(ref: list[float], cand: list[float]) -> None:
     with pytest.raises(ValueError):
         paired_speedup(ref, cand)
+
+
+def test_an_interval_is_shown_with_its_flags() -> None:
+    from htam_engine.report import format_interval
+
+    interval = {"estimate": 1.46, "low": 1.41, "high": 1.52}
+    assert format_interval({"correct": True, "interval": interval}) == "1.46x (95 % 1.41-1.52)"
+    noisy = {"correct": True, "interval": interval, "noisy": True, "suspect": True}
+    assert format_interval(noisy) == "1.46x (95 % 1.41-1.52) noisy suspect"
+    assert format_interval({"correct": False, "interval": interval}) == "-"
+    assert format_interval({"correct": True, "note": "not timed"}) == "-"

@@ -34,14 +34,16 @@ from typing import Any
 
 import torch
 
-from htam_engine import triton_backend
+from htam_engine import stats, triton_backend
 from htam_engine.evaluate import common, sandbox
 from htam_engine.evaluate.process import (
     Child,
     Stop,
     descendants,
     freeze,
+    pin,
     python_module,
+    quietest_core,
     signal_all,
     thaw,
 )
@@ -53,6 +55,8 @@ WARMUP = 2
 MIN_TRIALS = 10
 JUDGED_SHARE = 0.3  # of the timed calls, besides the last
 TIMING_BUDGET_S = 6.0  # past MIN_TRIALS, timing stops here even if not yet converged
+CHECK_EVERY = 5  # trials between two looks at the interval (a bootstrap costs ~10 ms)
+STOP_RESAMPLES = 500
 CALL_LIMIT_FACTOR = 500.0  # a timed call may take this many times the reference's (naive
 # kernels run 100x slower than torch), ...
 CALL_LIMIT_FLOOR_S = 2.0  # ... or this long, whichever is more
@@ -439,6 +443,10 @@ class Judge:
         first; a call may take `CALL_LIMIT_FACTOR` times the reference's median (so a
         hanging candidate holds the timing lock seconds, not the phase limit)."""
         calls: dict[str, list[Call]] = {role: [] for role in ROLES}
+        if self.device.type == "cpu":  # one core for both: a neighbour slows both alike
+            core = quietest_core()
+            for side in self.sides.values():
+                pin(side.child, core)
         budget = time.monotonic() + min(TIMING_BUDGET_S, self.job["time_s"] * 0.8)
         items = self.out_items[0]
         for k in range(WARMUP + self.job["max_trials"]):
@@ -467,18 +475,21 @@ class Judge:
         return max(CALL_LIMIT_FLOOR_S, CALL_LIMIT_FACTOR * median_s)
 
     def _enough(self, calls: dict[str, list[Call]], k: int, budget: float) -> bool:
-        """Whether call `k` is the last: both sides' means are known to 1 %, or the trial
-        cap or (past the minimum of trials) the time budget is reached."""
+        """Whether call `k` is the last: the paired speedup's 95 % interval is narrow
+        enough (`job["target_half_width"]`), or the trial cap or (past the minimum of
+        trials) the time budget is reached."""
         if k + 1 >= WARMUP + self.job["max_trials"]:
             return True
-        if min(len(c) for c in calls.values()) < WARMUP + MIN_TRIALS:
+        done = min(len(c) for c in calls.values()) - WARMUP
+        if done < MIN_TRIALS:
             return False
         if time.monotonic() > budget:
             return True
-        return all(
-            statistics.stdev(v) / len(v) ** 0.5 < 0.01 * statistics.median(v)
-            for v in samples(calls)[:2]
-        )
+        if done % CHECK_EVERY:
+            return False
+        reference, candidate, _ = samples(calls)
+        interval = stats.paired_speedup(reference, candidate, resamples=STOP_RESAMPLES)
+        return interval.narrow(self.job["target_half_width"])
 
     def _judge_timed(self, k: int, inputs: list[Any], got: dict[str, Outputs]) -> None:
         where = f"timed call {k + 1}"

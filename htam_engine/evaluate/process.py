@@ -246,6 +246,34 @@ def _running(pid: int) -> bool:
     return state not in ("T", "t", "Z", "X")
 
 
+def pin(child: Child, core: int) -> None:
+    """Run every thread of `child` on `core` only (threads started later inherit it)."""
+    for pid in child.members():
+        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(task.name), {core})
+
+
+def quietest_core(sample_s: float = 0.1) -> int:
+    """The core this process may use that was busy least over `sample_s` (/proc/stat)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    before = _busy_ticks()
+    time.sleep(sample_s)
+    after = _busy_ticks()
+    return min(allowed, key=lambda core: after.get(core, 0) - before.get(core, 0))
+
+
+def _busy_ticks() -> dict[int, int]:
+    """Non-idle jiffies per core."""
+    ticks = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *values = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            numbers = [int(v) for v in values]
+            ticks[int(name[3:])] = sum(numbers) - numbers[3] - numbers[4]  # minus idle, iowait
+    return ticks
+
+
 def freeze(child: Child) -> None:
     """Stop every process of `child` (repeated until no new one appears and all are
     stopped), so nothing it started runs while the other side is timed or its output

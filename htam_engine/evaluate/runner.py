@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from htam_engine import triton_backend
+from htam_engine import stats, triton_backend
 from htam_engine.cli import UserError
 from htam_engine.evaluate import cache, excerpt
 from htam_engine.evaluate.nvcc import cuda_source, nvcc_check
@@ -38,6 +38,8 @@ from htam_engine.task import Task
 
 DEVICES = ("auto", "cuda", "cpu")
 MAX_TRIALS = 100
+# The 95 % interval's half-width at which timing stops, relative to the speedup.
+TARGET_HALF_WIDTH = {"cpu": 0.05, "cuda": 0.01}
 LOCK_WAIT_S = 3600.0  # others' timings are bounded; waiting for them is no candidate's fault
 _UNCACHED = ("cancelled", "timeout")
 _INCORRECT = frozenset({"output.shape", "output.dtype", "output.finite", "output.values"})
@@ -225,6 +227,7 @@ def _write_job(jobdir: Path, task: Task, source: str, device: str, limits: Limit
         **worker_job,
         "input_sets": limits.input_sets,
         "max_trials": MAX_TRIALS,
+        "target_half_width": TARGET_HALF_WIDTH.get(device, 0.05),
         "compile_s": limits.compile_s,
         "verify_s": limits.verify_s,
         "time_s": limits.time_s,
@@ -235,8 +238,11 @@ def _write_job(jobdir: Path, task: Task, source: str, device: str, limits: Limit
 
 
 def timing_threads() -> int:
-    """The thread count both sides run with: the cores this process may use."""
-    return len(os.sched_getaffinity(0))
+    """The thread count both sides run with: one. PyTorch's pool spin-waits for its
+    threads, so next to a busy neighbour a 2-thread op's time jumps 10-100x while a
+    1-thread op's holds (benchmarks/bench_threads.py; README, "What a measured number
+    means"); a candidate's own OpenMP threads are its business, as its code's."""
+    return 1
 
 
 def _judge_env() -> dict[str, str]:
@@ -330,6 +336,7 @@ def _phases(
     on_phase("time")
     judge.send("time")
     judge.wait_for("timing", LOCK_WAIT_S, "the wait for the timing lock", cancel)
+    load_before = os.getloadavg()[0]
     start = time.monotonic()
     try:
         timed = judge.wait_for("timed", limits.time_s, "time", cancel)
@@ -339,6 +346,7 @@ def _phases(
     _raise_failed(_merge(verdict, timed["checks"]))
     _record_timing(verdict, timed["ref"], timed["cand"])
     verdict.spread["harness_ms"] = float(timed["harness_ms"])
+    _record_conditions(verdict, load_before, TARGET_HALF_WIDTH.get(verdict.device, 0.05))
 
 
 def _cv(samples: list[float]) -> float:
@@ -355,9 +363,19 @@ def _record_timing(verdict: Verdict, ref: list[float], cand: list[float]) -> Non
         "candidate_min_ms": min(cand),
         "candidate_max_ms": max(cand),
     }
-    if verdict.runtime_ms > 0:
-        verdict.speedup = verdict.ref_runtime_ms / verdict.runtime_ms
-        verdict.suspect = verdict.speedup > SUSPECT_SPEEDUP
+    interval = stats.paired_speedup(ref, cand)
+    verdict.speedup, verdict.interval = interval.estimate, interval.to_json()
+    verdict.suspect = verdict.speedup > SUSPECT_SPEEDUP
+
+
+def _record_conditions(verdict: Verdict, load_before: float, target: float) -> None:
+    """How far the timing can be trusted: converged, and the machine's load around it."""
+    cores = len(os.sched_getaffinity(0))
+    load = {"before": load_before, "after": os.getloadavg()[0], "cores": cores}
+    verdict.load = load
+    verdict.converged = bool(verdict.interval) and verdict.interval["half_width"] <= target
+    # A neighbour on every core, or no convergence: say the number is noisy.
+    verdict.noisy = not verdict.converged or max(load["before"], load["after"]) >= cores
 
 
 def _error(verdict: Verdict, stop: Stop, source: str) -> Verdict:

@@ -73,6 +73,13 @@ class Verdict:
     sandbox: str = "none"  # "bwrap" or "none": how the candidate was isolated
     threads: int = 0  # the CPU thread count both reference and candidate were timed with
     note: str = ""  # why a correct verdict has no timing (Triton under its interpreter)
+    # The paired speedup's 95 % interval (estimate, low, high, pairs, half_width), whether
+    # it narrowed to the device's target, the load average around the timing, and whether
+    # those conditions make the number noisy.
+    interval: dict[str, float] = field(default_factory=dict)
+    converged: bool = False
+    load: dict[str, float] = field(default_factory=dict)
+    noisy: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
