@@ -39,6 +39,10 @@ Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
 # Verdicts that say nothing about a strategy: learning from them would only add noise.
 UNRUNNABLE = {"no_gpu", "cancelled"}
+# Verdict error kinds of a candidate that compiled but failed, that are statuses of their own.
+FAILED_KINDS = {
+    s.value: s for s in (Status.CRASH, Status.TIMEOUT, Status.CHEATING, Status.NOT_CUSTOM_KERNEL)
+}
 TRANSLATE = "translate"  # the local id of step 0 when the LLM writes the first version
 
 
@@ -386,8 +390,7 @@ class Optimizer:
         if not verdict.compiled:
             return (Status.TIMEOUT if kind == "timeout" else Status.COMPILE_ERROR), None
         if not verdict.correct:
-            failed = {"crash": Status.CRASH, "timeout": Status.TIMEOUT}
-            return failed.get(kind or "", Status.INCORRECT), None
+            return FAILED_KINDS.get(kind or "", Status.INCORRECT), None
         if verdict.note:  # correct but not timed: nothing to compare
             return Status.NOT_IMPROVED, None
         best = self.result.best_ref_speedup

@@ -28,6 +28,8 @@ class Status(StrEnum):
     NO_CODE = "no_code"
     CRASH = "crash"
     TIMEOUT = "timeout"
+    NOT_CUSTOM_KERNEL = "not_custom_kernel"  # a library did the work without permission
+    CHEATING = "cheating"  # deception: forged reports, oracles, tampering
 
     @property
     def info(self) -> StatusInfo:
@@ -54,7 +56,9 @@ class StatusInfo:
 STATUS_TABLE: dict[str, StatusInfo] = {  # keyed by Status; a plain str finds it too
     Status.IMPROVED: StatusInfo(None, 1.0, "improved"),
     Status.NOT_IMPROVED: StatusInfo(None, 0.0, "slower"),
+    Status.CHEATING: StatusInfo(-1.0, -0.5, "cheating"),
     Status.INCORRECT: StatusInfo(-1.0, -0.5, "incorrect"),
+    Status.NOT_CUSTOM_KERNEL: StatusInfo(-0.75, -0.5, "not_custom_kernel"),
     Status.CRASH: StatusInfo(-1.0, -0.5, "crash"),
     Status.TIMEOUT: StatusInfo(-0.75, -0.5, "timeout"),
     Status.COMPILE_ERROR: StatusInfo(-0.5, -0.5, "compile_error"),

@@ -207,8 +207,8 @@ def test_a_strategy_that_failed_is_not_tried_again_in_the_run(task: Path, tmp_pa
 
 
 def test_a_suspect_speedup_never_becomes_the_best(task: Path, tmp_path: Path) -> None:
-    from htam_engine.evaluate import Verdict
-    from htam_engine.loop import LoopConfig, Optimizer
+    from htam_engine.evaluate import EvalError, Verdict
+    from htam_engine.loop import FAILED_KINDS, LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
     from htam_engine.task import load_task
     from htam_engine.vocabulary import Status
@@ -223,5 +223,8 @@ def test_a_suspect_speedup_never_becomes_the_best(task: Path, tmp_path: Path) ->
     suspect = Verdict(**timed, speedup=20.0, suspect=True)
     assert optimizer._status(honest) == (Status.IMPROVED, 4.0)
     assert optimizer._status(suspect) == (Status.NOT_IMPROVED, 40.0)
+    for kind in ("cheating", "not_custom_kernel", "crash", "runtime_error"):
+        failed = Verdict(compiled=True, error=EvalError(kind, "it failed"))
+        assert optimizer._status(failed)[0] == FAILED_KINDS.get(kind, Status.INCORRECT)
     untimed = Verdict(compiled=True, correct=True, note="not timed: Triton interpreter")
     assert optimizer._status(untimed) == (Status.NOT_IMPROVED, None)

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from htam_engine.cli import UserError
+from htam_engine.errors import UserError
 from htam_engine.task import Task, guess_backend, load_task, parse_directive
 
 

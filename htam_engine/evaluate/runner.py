@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from htam_engine import stats, triton_backend
-from htam_engine.cli import UserError
+from htam_engine.errors import UserError
 from htam_engine.evaluate import cache, excerpt
 from htam_engine.evaluate.nvcc import cuda_source, nvcc_check
 from htam_engine.evaluate.process import Child, Stop, python_module
