@@ -374,8 +374,8 @@ def _record_conditions(verdict: Verdict, load_before: float, target: float) -> N
     load = {"before": load_before, "after": os.getloadavg()[0], "cores": cores}
     verdict.load = load
     verdict.converged = bool(verdict.interval) and verdict.interval["half_width"] <= target
-    # A neighbour on every core, or no convergence: say the number is noisy.
-    verdict.noisy = not verdict.converged or max(load["before"], load["after"]) >= cores
+    # No convergence, or more runnable work than cores besides this timing: noisy.
+    verdict.noisy = not verdict.converged or max(load["before"], load["after"]) > cores
 
 
 def _error(verdict: Verdict, stop: Stop, source: str) -> Verdict:
