@@ -360,10 +360,10 @@ class Optimizer:
 
     def _measure(self, step: int, source: str, g: str = "", local: str = "") -> Verdict:
         """A verdict fit to compare against: a cached verdict that is no baseline (suspect,
-        recorded without the sandbox), a fresh suspect one and a timing whose interval did
-        not narrow are measured once more."""
+        recorded without the sandbox), a fresh suspect one and a fresh timing whose interval
+        did not narrow are measured once more (the cache then holds the second one)."""
         verdict = self._evaluate(step, source, g, local)
-        unsettled = verdict.runtime_ms is not None and not verdict.converged
+        unsettled = not verdict.cached and verdict.runtime_ms is not None and not verdict.converged
         doubtful = verdict.suspect or (verdict.cached and not usable_as_baseline(verdict))
         if verdict.correct and (doubtful or unsettled):
             verdict = self._evaluate(step, source, g, local, use_cache=False)

@@ -92,7 +92,8 @@ def evaluate(
         cancel or threading.Event(),
         on_phase or (lambda _phase: None),
     )
-    if use_cache and (verdict.error is None or verdict.error.kind not in _UNCACHED):
+    # Written even when not read: a re-measurement replaces the verdict it re-measured.
+    if verdict.error is None or verdict.error.kind not in _UNCACHED:
         cache.put(key, verdict, sandbox=verdict.sandbox)
     return verdict
 
