@@ -68,7 +68,8 @@ def plot_speedups(result: RunResult, path: Path) -> None:
 
 
 def format_speedup(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+    """The one way a speedup is written: "1.46x", or "n/a" when there is none."""
+    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def format_interval(verdict: dict[str, Any]) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from htam_engine.report import format_speedup
+
 
 @dataclass(frozen=True)
 class PathEntry:
@@ -42,11 +44,9 @@ class State:
             f"backend={self.backend} family={self.family} task={self.task_signature}",
             f"features: {', '.join(sorted(self.features)) or 'none'}",
             f"feedback: {', '.join(sorted(self.feedback)) or 'none'}",
-            f"last speedup: {_fmt(self.last_speedup)}; best so far: {_fmt(self.best_speedup)}",
+            f"last speedup: {format_speedup(self.last_speedup)}; "
+            f"best so far: {format_speedup(self.best_speedup)}",
             f"recent path: {recent or 'none (first step)'}",
         ]
         return "\n".join(lines)
 
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"

@@ -15,6 +15,7 @@ from typing import Any
 from lsprotocol import types as t
 
 from htam_engine import parsing
+from htam_engine.report import format_speedup
 from htam_lsp import discovery, insight, render
 from htam_lsp import suggestions as sg
 from htam_lsp.discovery import Unit
@@ -382,7 +383,7 @@ def _workspace_edit(
         and ls.caps("workspace.workspace_edit.document_changes")
     ):
         return t.WorkspaceEdit(changes={doc.uri: [edit]})
-    label = f"HTAM: {record.step.local_id} ({render.speedup(record.step.speedup)} measured)"
+    label = f"HTAM: {record.step.local_id} ({format_speedup(record.step.speedup)} measured)"
     annotated = t.AnnotatedTextEdit(annotation_id="htam", range=edit.range, new_text=edit.new_text)
     identifier = t.OptionalVersionedTextDocumentIdentifier(doc.uri, doc.version)
     return t.WorkspaceEdit(

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import events
+from htam_engine.report import format_speedup
 from htam_lsp.suggestions import StepRecord
 
 DIFF_LINES = 80
@@ -25,10 +26,6 @@ def node_name(graph: Any, node_id: str) -> str:
     return node_id or "?"
 
 
-def speedup(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
-
-
 def _ms(value: float | None) -> str:
     return "?" if value is None else f"{value:.3g}"
 
@@ -38,7 +35,7 @@ def gain_text(record: StepRecord) -> str:
     times = f"{_ms(record.start_ms)} -> {_ms(record.runtime_ms)} ms"
     if record.ref_ms is not None:
         times += f"; PyTorch {_ms(record.ref_ms)} ms"
-    return f"{speedup(record.step.speedup)} faster than your code ({times})"
+    return f"{format_speedup(record.step.speedup)} faster than your code ({times})"
 
 
 def move(graph: Any, step: events.Step) -> str:
@@ -63,7 +60,7 @@ def best_lens_title(graph: Any, record: StepRecord | None, slower: float | None)
     if record is not None:
         return f"Best: {gain_text(record)} ({move(graph, record.step)})"
     if slower is not None:
-        return f"HTAM: no faster candidate yet (best {speedup(slower)})"
+        return f"HTAM: no faster candidate yet (best {format_speedup(slower)})"
     return None
 
 
@@ -157,8 +154,8 @@ def history_table(graph: Any, history: Sequence[StepRecord], last: int = 10) -> 
         when = datetime.fromtimestamp(record.time).strftime("%m-%d %H:%M")
         lines.append(
             f"| {record.n} | {when} | {_cell(move(graph, step))} | {_cell(outcome(step))} "
-            f"| {speedup(step.speedup if step.correct else None)} "
-            f"| {speedup(step.ref_speedup)} |"
+            f"| {format_speedup(step.speedup if step.correct else None)} "
+            f"| {format_speedup(step.ref_speedup)} |"
         )
     return lines
 
@@ -234,8 +231,8 @@ def results_markdown(graph: Any, parts: ResultsParts, notes: Sequence[str]) -> s
     best = max((r.step.speedup or 0.0 for r in correct), default=None)
     lines = [f"### HTAM results: `{parts.kernel}`", ""]
     lines.append(
-        f"{len(steps)} step(s), {len(correct)} correct, best {speedup(best)} over the code it "
-        "started from."
+        f"{len(steps)} step(s), {len(correct)} correct, best {format_speedup(best)} over "
+        "the code it started from."
         if steps
         else "No step has run on this kernel yet."
     )
