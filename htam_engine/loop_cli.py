@@ -83,11 +83,10 @@ def run(args: argparse.Namespace) -> int:
     start_source = task.impl_source or ""
     if not start_source and provider is None:
         raise NoStartError(
-            f"{args.task} is a task without an implementation to start from (a KernelBench "
-            f"problem: Model, no ModelNew) and the provider is offline ({why}). With an LLM "
-            "provider (ANTHROPIC_API_KEY, OPENAI_API_KEY or HTAM_LLM_BASE_URL, or --provider "
-            "replay --cassette FILE) htam first has it write ModelNew; offline, write a "
-            "ModelNew (see examples/) or pass --start FILE"
+            f"{Path(args.task).name}: nothing to start from (Model, no ModelNew) and no LLM "
+            "to write it: set ANTHROPIC_API_KEY, OPENAI_API_KEY or HTAM_LLM_BASE_URL (or "
+            "--provider replay --cassette FILE) and htam has the LLM write ModelNew first; "
+            f"or write a ModelNew (see examples/), or pass --start FILE. Provider: {why}"
         )
     console = Console(stderr=True, quiet=args.json or args.events)
     console.print(f"[bold]provider:[/] {why}")

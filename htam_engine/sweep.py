@@ -296,6 +296,6 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"| {r['key']} | {outcome} | {format_speedup(r['speedup'])} "
             f"| {format_speedup(r['over_start'])} "
-            f"| {r['steps']} | {r['message'].replace('|', '/')[:160]} |"
+            f"| {r['steps']} | {r['message'].replace('|', '/')[:240]} |"
         )
     return "\n".join(lines) + "\n"
