@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import events
+from htam_engine.procs import descendants
 
 log = logging.getLogger(__name__)
 
@@ -273,23 +274,6 @@ def kill_group(job: Job) -> bool:
         except (ProcessLookupError, PermissionError):
             continue
     return killed
-
-
-def descendants(root: int) -> list[int]:
-    """Every live descendant of `root`, from /proc (empty where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process ended while we looked
-        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
-    found, stack = [], list(children.get(root, []))
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(children.get(pid, []))
-    return found
 
 
 def _event(raw: bytes) -> events.Event | None:

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from htam_engine.procs import descendants
+
 EOF_EVENT = "__eof__"
 _POLL_S = 0.05
 
@@ -203,33 +205,6 @@ def _tail(path: Path, size: int) -> str:
             return ""
         handle.seek(max(0, os.fstat(descriptor).st_size - size))
         return handle.read(size).decode(errors="replace")
-
-
-def _parents() -> dict[int, int]:
-    parents = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    return parents
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (a daemon that left its session included, as long
-    as it was not reparented outside the tree)."""
-    children: dict[int, list[int]] = {}
-    for child, parent in _parents().items():
-        children.setdefault(parent, []).append(child)
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, []))
-    return found
 
 
 def signal_all(pids: list[int], signum: int) -> None:
