@@ -49,4 +49,3 @@ class State:
             f"recent path: {recent or 'none (first step)'}",
         ]
         return "\n".join(lines)
-
