@@ -98,6 +98,8 @@ class Result:
     stopped: str
     output_dir: str
     note: str = ""  # what the numbers can say, e.g. correctness only (not timed)
+    best_low: float | None = None  # the 95 % interval of best_speedup (None: not timed)
+    best_high: float | None = None
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ class RunResult:
     note: str = ""  # what the run's numbers can say (e.g. correctness only, not timed)
     best_ref_speedup: float | None = None
     start_ref_speedup: float | None = None
+    best_interval: tuple[float, float] | None = None  # 95 % bounds of best_speedup
     stopped: str = "completed"
     output_dir: str = ""
 
@@ -98,6 +99,7 @@ class RunResult:
             "correct": self.correct,
             "note": self.note,
             "best_speedup": self.best_speedup,
+            "best_interval": list(self.best_interval) if self.best_interval else None,
             "ref_speedup": self.best_ref_speedup,
             "best_step": self.best_step,
             "stopped": self.stopped,
@@ -119,6 +121,8 @@ class RunResult:
             stopped=self.stopped,
             output_dir=self.output_dir,
             note=self.note,
+            best_low=self.best_interval[0] if self.best_interval else None,
+            best_high=self.best_interval[1] if self.best_interval else None,
         )
 
 
@@ -226,6 +230,7 @@ class Optimizer:
             status, speedup_vs_best = self._status(verdict)
             if status == Status.IMPROVED:
                 self.result.best_ref_speedup = verdict.speedup
+                self.result.best_interval = self._interval_over_start(verdict)
             if status == Status.IMPROVED or (verdict.correct and verdict.note):
                 # an untimed run (Triton under its interpreter) goes on from correct code
                 self.result.best_source, self.result.best_step = candidate, step
@@ -426,6 +431,14 @@ class Optimizer:
         if not verdict.get("correct") or not start or not ref:
             return None
         return float(ref) / start
+
+    def _interval_over_start(self, verdict: Verdict) -> tuple[float, float] | None:
+        """Bounds of the candidate's speedup over the start from the two intervals against
+        the reference, each at its most unfavourable end (so at least 90 % jointly)."""
+        start = self.result.start_verdict.get("interval") or {}
+        if not (verdict.interval and start.get("low") and start.get("high")):
+            return None
+        return verdict.interval["low"] / start["high"], verdict.interval["high"] / start["low"]
 
     def _feedback_text(self) -> str:
         if not self.result.steps:
