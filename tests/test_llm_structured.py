@@ -7,11 +7,14 @@ import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from llm_api_server import Reply, ScriptedAPIServer, sdk_provider
 
 from htam_engine.llm import LLMError, choice_schema, make_provider, parse_choice
+from htam_engine.llm.remote import GRAMMAR_STRING_CHARS
+from htam_engine.llm.structured import bounded_strings
 from htam_engine.memory.model import load_seed
 from htam_engine.policy.llm_chooser import LLMLocalSelector
 from htam_engine.state import State
@@ -47,22 +50,48 @@ def test_openai_asks_for_a_json_schema_with_the_runnable_ids(server: ScriptedAPI
 
 def test_openai_falls_back_in_order_and_remembers(server: ScriptedAPIServer) -> None:
     """llama.cpp answers json_schema with HTTP 500; vLLM may refuse json_object with 400."""
-    server.script(Reply(status=500), Reply(status=400), answer(), answer())
+    server.script(Reply(status=500), Reply(status=400), Reply(status=400), answer(), answer())
     llm = sdk_provider("openai", server)
     first = llm.complete("s", "p", purpose="local", schema=SCHEMA)
     assert first.form == "prompted"
-    assert response_formats(server) == ["json_schema", "json_object", None]
-    prompted = server.requests[2].body["messages"][0]["content"]
+    assert response_formats(server) == ["json_schema", "json_object", "json_object", None]
+    assert "schema" in server.requests[1].body["response_format"]
+    assert "schema" not in server.requests[2].body["response_format"]
+    prompted = server.requests[3].body["messages"][0]["content"]
     assert all(i in prompted for i in IDS), "the looser forms spell the schema out"
     second = llm.complete("s", "p2", purpose="local", schema=SCHEMA)
-    assert second.form == "prompted" and response_formats(server)[3] is None
+    assert second.form == "prompted" and response_formats(server)[4:] == [None]
 
 
-def test_openai_json_object_after_a_refused_json_schema(server: ScriptedAPIServer) -> None:
+def test_openai_grammar_after_a_refused_json_schema(server: ScriptedAPIServer) -> None:
+    """llama-cpp-python's server: json_schema is a 500, `json_object` with a `schema`
+    is compiled to a grammar, so the enum of runnable ids is enforced."""
     server.script(Reply(status=500), answer())
     completion = sdk_provider("openai", server).complete("s", "p", schema=SCHEMA)
-    assert completion.form == "json_object"
+    assert completion.form == "json_grammar"
     assert response_formats(server) == ["json_schema", "json_object"]
+    sent = server.requests[1].body["response_format"]
+    assert set(sent) == {"type", "schema"}
+    assert sent["schema"]["properties"]["local"] == {"type": "string", "enum": IDS}
+    assert sent["schema"]["required"] == ["local", "reason"]
+    assert sent["schema"]["properties"]["reason"]["maxLength"] == GRAMMAR_STRING_CHARS
+    assert "maxLength" not in json.dumps(server.requests[0].body["response_format"])
+
+
+def test_openai_grammar_refused_costs_one_request(server: ScriptedAPIServer) -> None:
+    """A server that also refuses the schema key (HTTP 500) falls back to plain
+    json_object, once: later calls go straight to the form that worked."""
+    server.script(Reply(status=500), Reply(status=500), answer(), answer(), answer())
+    llm = sdk_provider("openai", server)
+    forms = [llm.complete("s", f"p{i}", schema=SCHEMA).form for i in range(3)]
+    assert forms == ["json_object"] * 3
+    sent = [r.body["response_format"] for r in server.requests]
+    assert [(f["type"], "schema" in f) for f in sent] == [
+        ("json_schema", False),
+        ("json_object", True),
+        *[("json_object", False)] * 3,
+    ]
+    assert llm.forms == ["json_object", "prompted"]  # type: ignore[attr-defined]
 
 
 def test_a_rate_limit_is_retried_in_the_same_form(server: ScriptedAPIServer) -> None:
@@ -75,11 +104,11 @@ def test_a_rate_limit_is_retried_in_the_same_form(server: ScriptedAPIServer) -> 
 def test_the_last_form_is_not_dropped_but_retried_then_reported(
     server: ScriptedAPIServer,
 ) -> None:
-    server.script(Reply(status=500), Reply(status=500), *(Reply(status=500) for _ in range(3)))
+    server.script(*(Reply(status=500) for _ in range(6)))
     llm = sdk_provider("openai", server)
     with pytest.raises(LLMError, match="HTTP 500.*gave up after 3 attempts"):
         llm.complete("s", "p", schema=SCHEMA)
-    assert response_formats(server) == ["json_schema", "json_object", None, None, None]
+    assert response_formats(server) == ["json_schema", "json_object", "json_object", *[None] * 3]
     assert llm.forms == ["prompted"]  # type: ignore[attr-defined]
 
 
@@ -150,7 +179,7 @@ def test_the_selector_uses_a_structured_answer(server: ScriptedAPIServer) -> Non
     selector = LLMLocalSelector(sdk_provider("openai", server))
     local_id, reason, runnable = _choose(selector)
     assert local_id == "restrict_pointers" and "restrict_pointers" in runnable
-    assert reason == "aliasing blocks vectorization [LLM, json_object]"
+    assert reason == "aliasing blocks vectorization [LLM, json_grammar]"
     assert selector.last is not None and selector.last.to_json()["valid"] is True
     enum = server.requests[0].body["response_format"]["json_schema"]["schema"]
     assert sorted(enum["properties"]["local"]["enum"]) == sorted(runnable)
@@ -172,10 +201,10 @@ def test_the_form_is_recorded_and_replayed(server: ScriptedAPIServer, tmp_path: 
     server.script(Reply(status=500), answer())
     recorder = sdk_provider("openai", server, record=cassette)
     recorder.complete("s", "p", purpose="local", schema=SCHEMA)
-    assert json.loads(cassette.read_text())["form"] == "json_object"
+    assert json.loads(cassette.read_text())["form"] == "json_grammar"
     replay, _ = make_provider("replay", cassette=cassette, env={})
     assert replay is not None
-    assert replay.complete("s", "p", purpose="local", schema=SCHEMA).form == "json_object"
+    assert replay.complete("s", "p", purpose="local", schema=SCHEMA).form == "json_grammar"
 
 
 def test_concurrent_refusals_drop_a_form_once(server: ScriptedAPIServer) -> None:
@@ -184,8 +213,8 @@ def test_concurrent_refusals_drop_a_form_once(server: ScriptedAPIServer) -> None
     with ThreadPoolExecutor(max_workers=2) as pool:
         calls = [pool.submit(llm.complete, "s", f"p{i}", schema=SCHEMA) for i in range(2)]
         forms = [call.result().form for call in calls]
-    assert forms == ["json_object", "json_object"]
-    assert llm.forms == ["json_object", "prompted"]  # type: ignore[attr-defined]
+    assert forms == ["json_grammar", "json_grammar"]
+    assert llm.forms == ["json_grammar", "json_object", "prompted"]  # type: ignore[attr-defined]
 
 
 def test_a_choice_drafted_while_thinking_is_not_the_answer() -> None:
@@ -193,3 +222,21 @@ def test_a_choice_drafted_while_thinking_is_not_the_answer() -> None:
     choice = parse_choice(text, IDS)
     assert choice is not None and choice.local_id == "soa_layout"
     assert parse_choice('<think>{"local": "omp_simd"} hmm, or', IDS) is None
+
+
+def test_bounded_strings_bounds_only_free_strings() -> None:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "enum": ["a"]},
+            "note": {"type": "string"},
+            "short": {"type": "string", "maxLength": 5},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    bounded = bounded_strings(schema, 10)
+    properties = bounded["properties"]
+    assert properties["id"] == {"type": "string", "enum": ["a"]}
+    assert properties["note"]["maxLength"] == 10 and properties["short"]["maxLength"] == 5
+    assert properties["tags"]["items"]["maxLength"] == 10
+    assert "maxLength" not in schema["properties"]["note"], "the original is not changed"

@@ -8,8 +8,11 @@ the same watchdog), so nothing queues behind it. The SDKs' own retries are off
 (exponential, jittered, honouring Retry-After) testable.
 
 A JSON answer (`schema`) uses the most constrained form the server accepts: Anthropic
-tool use; OpenAI `json_schema`, then `json_object`, then JSON asked for in the prompt.
-A form the server rejects (HTTP 400/422/500/501) is dropped for the rest of the run.
+tool use; OpenAI `json_schema`, then `json_grammar` (llama.cpp's `json_object` with a
+`schema`, which its server compiles to a grammar: the enum of runnable ids is enforced
+token by token), then plain `json_object`, then JSON asked for in the prompt. A form the
+server rejects (HTTP 400/422/500/501) costs that one request: the provider instance drops
+it for the rest of the run (`forms`), so later calls start at the form that worked.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from htam_engine.llm.base import Completion, JsonSchema, LLMError, Provider, red
 from htam_engine.llm.cache import ResponseCache, prompt_key
 from htam_engine.llm.limits import limit_for
 from htam_engine.llm.prices import PriceTable
+from htam_engine.llm.structured import bounded_strings
 from htam_engine.llm.tokens import count_tokens
 
 log = logging.getLogger("htam.llm")
@@ -43,6 +47,9 @@ RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 # (llama.cpp answers json_schema with 500; vLLM with 400 or 422).
 FORM_REJECTED_STATUS = frozenset({400, 422, 500, 501})
 T = TypeVar("T")
+# The longest free string (a choice's "reason") a grammar-constrained answer may write:
+# one line, well inside the choice's max_tokens.
+GRAMMAR_STRING_CHARS = 240
 
 
 @dataclass
@@ -464,7 +471,9 @@ class OpenAIProvider(RemoteProvider):
     """OpenAI chat completions, or any compatible server (vLLM, Ollama, llama.cpp, DeepSeek)."""
 
     name = "openai"
-    FORMS = ("json_schema", "json_object", "prompted")
+    # json_grammar: llama-cpp-python's server takes {"type": "json_object", "schema": ...}
+    # (llama_chat_format._grammar_for_response_format) and answers json_schema with 500.
+    FORMS = ("json_schema", "json_grammar", "json_object", "prompted")
 
     def __init__(self, model: str, *, api_key: str, base_url: str | None = None, **kw: Any):
         super().__init__(model, api_key=api_key, base_url=base_url, **kw)
@@ -486,6 +495,11 @@ class OpenAIProvider(RemoteProvider):
                 "type": "json_schema",
                 "json_schema": {"name": schema.name, "schema": schema.schema, "strict": True},
             }
+        elif schema is not None and form == "json_grammar":
+            # Free strings get a length bound: a grammar lets a small model ramble in
+            # "reason" up to max_tokens, and an object cut off there parses as nothing.
+            grammar = bounded_strings(schema.schema, GRAMMAR_STRING_CHARS)
+            request["response_format"] = {"type": "json_object", "schema": grammar}
         elif schema is not None and form == "json_object":
             request["response_format"] = {"type": "json_object"}
         if schema is not None and form != "json_schema":

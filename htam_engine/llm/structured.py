@@ -1,7 +1,8 @@
 """Structured choices: the schema a strategy choice must follow, and its parser.
 
 The schema's enum holds only the runnable strategy ids, so a provider that constrains
-its output (Anthropic tool use, OpenAI json_schema) cannot name anything else. For the
+its output (Anthropic tool use, OpenAI json_schema, llama.cpp's schema grammar) cannot
+name anything else. For the
 looser forms (json_object, prompted JSON) the parser reads every JSON object in the
 answer and takes the LAST one that names a runnable id: a model that first echoes the
 prompt's template (`{"local": "<id>"}`) and then answers is read by its answer.
@@ -38,6 +39,23 @@ def choice_schema(runnable: Sequence[str]) -> JsonSchema:
             "additionalProperties": False,
         },
     )
+
+
+def bounded_strings(schema: dict[str, Any], max_chars: int) -> dict[str, Any]:
+    """A copy of `schema` in which every string without an enum, a pattern or a length
+    bound gets `maxLength: max_chars` (for a grammar, which then must close the string;
+    OpenAI's strict json_schema is sent the schema as it is)."""
+    bounded = dict(schema)
+    if bounded.get("type") == "string" and not {"enum", "const", "pattern", "maxLength"} & set(
+        bounded
+    ):
+        bounded["maxLength"] = max_chars
+    for key in ("properties", "$defs", "definitions"):
+        if isinstance(bounded.get(key), dict):
+            bounded[key] = {k: bounded_strings(v, max_chars) for k, v in bounded[key].items()}
+    if isinstance(bounded.get("items"), dict):
+        bounded["items"] = bounded_strings(bounded["items"], max_chars)
+    return bounded
 
 
 @dataclass(frozen=True)
