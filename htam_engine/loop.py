@@ -44,6 +44,7 @@ FAILED_KINDS = {
     s.value: s for s in (Status.CRASH, Status.TIMEOUT, Status.CHEATING, Status.NOT_CUSTOM_KERNEL)
 }
 TRANSLATE = "translate"  # the local id of step 0 when the LLM writes the first version
+EXCLUDED = "excluded: it failed on this task in an earlier run"
 
 
 class RunStopped(Exception):
@@ -58,6 +59,7 @@ class LoopConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     improve_margin: float = IMPROVE_MARGIN
     candidates: int = 1  # LLM answers per step (best-of-k)
+    exclude: tuple[str, ...] = ()  # strategies (local ids) never chosen: failed in earlier runs
 
 
 @dataclass
@@ -174,7 +176,8 @@ class Optimizer:
             best_source=start_source,
         )
         self.tried: set[tuple[str, str]] = set()  # (strategy, code) pairs already evaluated
-        self.failed: dict[str, Status] = {}  # strategies that failed in this run: not again
+        # strategies that failed in this run (or, excluded, in earlier ones): not again
+        self.failed: dict[str, Status | str] = dict.fromkeys(config.exclude, EXCLUDED)
 
     # -- the loop -------------------------------------------------------------------
 
@@ -303,7 +306,8 @@ class Optimizer:
         result: dict[str, str | None] = {}
         for local_id, node in graph.locals.items():
             if local_id in self.failed:
-                result[local_id] = f"failed earlier in this run ({self.failed[local_id]})"
+                why = self.failed[local_id]
+                result[local_id] = why if why == EXCLUDED else f"failed earlier in this run ({why})"
             elif (local_id, source) in self.tried:
                 result[local_id] = "already tried on the current code"
             elif node.mechanical:

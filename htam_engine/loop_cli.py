@@ -16,6 +16,7 @@ from rich.table import Table
 
 from htam_engine import events
 from htam_engine.errors import NoStartError, UserError
+from htam_engine.evaluate.cli import add_policy_arguments, with_policy
 from htam_engine.report import format_interval, format_speedup
 
 PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
@@ -43,10 +44,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--start", help="take the starting implementation from this file")
     p.add_argument("--output", help="output folder (default .htam-out/<task>-<run id>)")
     p.add_argument("--candidates", type=int, default=1, help="LLM answers per step (best-of-k)")
+    p.add_argument(
+        "--exclude",
+        type=_local_ids,
+        default=(),
+        metavar="ID[,ID...]",
+        help="strategies (local ids) never to choose, e.g. those that failed in earlier runs",
+    )
     p.add_argument("--budget-tokens", type=int, help="stop the run's LLM calls past N tokens")
     p.add_argument("--budget-usd", type=float, help="stop the run's LLM calls past X dollars")
     p.add_argument("--json", action="store_true", help="print one JSON result on stdout")
     p.add_argument("--events", action="store_true", help="print JSON-line events on stdout")
+    add_policy_arguments(p)  # --allow-torch, --scale
     p.set_defaults(handler=run)
 
 
@@ -62,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     task = load_task(Path(args.task))
     if args.start:
         task = with_start(task, Path(args.start))
+    task = with_policy(task, args)
     if args.candidates < 1:
         raise UserError("--candidates must be at least 1")
     try:
@@ -99,7 +109,11 @@ def run(args: argparse.Namespace) -> int:
         provider=provider,
         store=MemoryStore(),
         config=LoopConfig(
-            steps=args.steps, device=args.device, seed=args.seed, candidates=args.candidates
+            steps=args.steps,
+            device=args.device,
+            seed=args.seed,
+            candidates=args.candidates,
+            exclude=args.exclude,
         ),
         emit=display.emit,
     )
@@ -128,6 +142,11 @@ def run(args: argparse.Namespace) -> int:
         return 130
     llm_failed = result.stopped.startswith("LLM failed")
     return 0 if result.correct and not (llm_failed and not result.steps) else 1
+
+
+def _local_ids(text: str) -> tuple[str, ...]:
+    """`--exclude a,b`: the local ids, in order, each once."""
+    return tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
 
 
 def _run_interruptibly(optimizer: Any, console: Console) -> Any:
