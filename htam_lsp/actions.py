@@ -116,8 +116,9 @@ def lenses(ls: Any, doc: Document) -> list[t.CodeLens]:
 def _best_title(ls: Any, doc: Document) -> str | None:
     offer = offered(ls, doc)
     best = offer.suggestions[0].record if offer.suggestions else None
-    slower = max((r.step.speedup or 0.0 for r in offer.slower), default=None)
-    return render.best_lens_title(ls.graph(insight.backend(doc)), best, slower)
+    slower = render.best_slower(offer.slower)
+    graph = ls.graph(insight.backend(doc))
+    return render.best_lens_title(graph, best, slower, ls.settings.min_speedup)
 
 
 def _position_json(position: t.Position) -> dict[str, int]:
@@ -128,8 +129,7 @@ def offered(ls: Any, doc: Document) -> sg.Offer:
     """What the kernel's history offers the document's current text (cached per version,
     history and threshold: a step that ends without an edit changes the answer)."""
     history = ls.records.history(doc.uri)
-    newest = history[-1].n if history else 0
-    key = f"offer:{newest}:{ls.settings.min_speedup}"
+    key = f"offer:{ls.records.revision}:{ls.settings.min_speedup}"
     if key not in doc.cache:
         text = doc.text if history else ""  # no history: no need to decode the file
         doc.cache[key] = sg.offer(history, text, ls.settings.min_speedup)
@@ -169,10 +169,12 @@ def _notes(ls: Any, graph: Any, offer: sg.Offer) -> list[str]:
     if offer.untimed and not offer.suggestions:
         note = offer.untimed[-1].step.verdict.get("note") or "not timed here"
         notes.append(f"Correct candidates, but {note}: nothing to compare, nothing offered.")
-    if offer.slower and not offer.suggestions:
+    closest = render.best_slower(offer.slower)
+    if closest is not None and not offer.suggestions:
+        threshold = ls.settings.min_speedup
         notes.append(
-            f"No candidate is offered: none was at least {ls.settings.min_speedup:.2f}x faster "
-            "than your code (setting minSpeedup)."
+            f"No candidate is offered: none was surely at least {format_speedup(threshold)} "
+            f"faster than your code (setting minSpeedup); {render.below_text(closest, threshold)}."
         )
     return notes
 
@@ -315,6 +317,8 @@ def suggestion_facts(record: sg.StepRecord) -> dict[str, Any]:
         "globalId": step.global_id,
         "localId": step.local_id,
         "speedup": step.speedup,
+        "speedupLow": record.low,
+        "speedupHigh": record.high,
         "refSpeedup": step.ref_speedup,
         "startMs": record.start_ms,
         "runtimeMs": record.runtime_ms,
@@ -383,7 +387,7 @@ def _workspace_edit(
         and ls.caps("workspace.workspace_edit.document_changes")
     ):
         return t.WorkspaceEdit(changes={doc.uri: [edit]})
-    label = f"HTAM: {record.step.local_id} ({format_speedup(record.step.speedup)} measured)"
+    label = f"HTAM: {record.step.local_id} ({render.interval_text(record)} measured)"
     annotated = t.AnnotatedTextEdit(annotation_id="htam", range=edit.range, new_text=edit.new_text)
     identifier = t.OptionalVersionedTextDocumentIdentifier(doc.uri, doc.version)
     return t.WorkspaceEdit(
@@ -500,7 +504,7 @@ def results(ls: Any, doc: Document, unit: Unit) -> dict[str, Any]:
         }
         for s in offer.suggestions
     ]
-    plot = ls.jobs.last_plot(doc.uri, unit.name)
+    plot = ls.jobs.last_plot(doc.uri)
     parts = render.ResultsParts(unit.name, history, [s["title"] for s in listed], plot)
     markdown = render.results_markdown(graph, parts, _notes(ls, graph, offer))
     return {"markdown": markdown, "kernel": unit.name, "suggestions": listed, "plot": plot}

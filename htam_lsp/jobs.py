@@ -55,6 +55,8 @@ class Job:
     cancel_requested: bool = False
     steps_done: int = 0
     last: events.Result | events.Failed | None = None  # the engine's own ending
+    records: list[int] = field(default_factory=list)  # the numbers of its step records
+    excluded: tuple[str, ...] = ()  # strategies that failed on this code in earlier jobs
     task: asyncio.Task[None] | None = None
 
     @property
@@ -91,18 +93,30 @@ OnLine = Callable[[Job, bytes], Awaitable[None] | None]
 def eval_argv(task: str, candidate: str) -> list[str]:
     """`htam eval TASK CANDIDATE --device cuda --json`: where no GPU can run a CUDA
     candidate, the evaluator still compiles it with nvcc and says how that went."""
-    argv = [sys.executable, "-m", "htam_engine.cli", "eval", task, candidate]
+    argv = [sys.executable, "-m", engine_module(), "eval", task, candidate]
     return [*argv, "--device", "cuda", "--json"]
 
 
+def engine_module() -> str:
+    """The module run as `htam` (`HTAM_LSP_ENGINE`: a stand-in engine, for tests)."""
+    return os.environ.get("HTAM_LSP_ENGINE") or "htam_engine.cli"
+
+
 def optimize_argv(
-    task: str, start: str, steps: int, settings: Any, seed: int, output: str
+    task: str,
+    start: str,
+    steps: int,
+    settings: Any,
+    seed: int,
+    output: str,
+    exclude: Sequence[str] = (),
 ) -> list[str]:
     """The documented `htam optimize` command line for one job, at a lower CPU priority
-    (`nice`) so that compiles and timings do not slow the editor down."""
+    (`nice`) so that compiles and timings do not slow the editor down; `exclude`: the
+    strategies that failed on this code in earlier jobs (never retried)."""
     nice = shutil.which("nice")
     argv = [nice, "-n", str(NICENESS)] if nice else []
-    argv += [sys.executable, "-m", "htam_engine.cli", "optimize", task, "--start", start]
+    argv += [sys.executable, "-m", engine_module(), "optimize", task, "--start", start]
     argv += ["--steps", str(steps), "--provider", settings.provider]
     for flag, value in (
         ("--model", settings.model),
@@ -111,6 +125,8 @@ def optimize_argv(
     ):
         if value:
             argv += [flag, value]
+    if exclude:
+        argv += ["--exclude", ",".join(exclude)]
     argv += ["--device", settings.device, "--seed", str(seed), "--output", output, "--events"]
     return argv
 
@@ -130,10 +146,11 @@ class JobManager:
     def active(self, uri: str) -> Job | None:
         return next((j for j in self.jobs.values() if j.uri == uri and not j.finished), None)
 
-    def last_plot(self, uri: str, kernel: str) -> str | None:
-        """The speedup plot the engine wrote for the kernel's newest finished run."""
+    def last_plot(self, uri: str) -> str | None:
+        """The speedup plot the engine wrote for the file's newest finished run (a step
+        optimizes the whole file, wherever the cursor was)."""
         for job in reversed(list(self.jobs.values())):
-            if job.uri == uri and job.kernel == kernel and isinstance(job.last, events.Result):
+            if job.uri == uri and isinstance(job.last, events.Result):
                 plot = Path(job.last.output_dir) / PLOT
                 return str(plot) if plot.is_file() else None
         return None

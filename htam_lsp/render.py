@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import events
-from htam_engine.report import format_speedup
+from htam_engine.report import format_interval, format_speedup
 from htam_lsp.suggestions import StepRecord
 
 DIFF_LINES = 80
@@ -30,12 +30,37 @@ def _ms(value: float | None) -> str:
     return "?" if value is None else f"{value:.3g}"
 
 
+NO_INTERVAL = "no interval"
+
+
+def interval_text(record: StepRecord) -> str:
+    """`1.46x (95 % 1.41-1.52)` by the engine's one formatter, or `1.46x (no interval)`
+    where the engine gave no bounds (then the threshold judges the estimate)."""
+    bounds, speedup = record.bounds, record.step.speedup
+    if bounds is None or speedup is None:
+        return f"{format_speedup(speedup)} ({NO_INTERVAL})"
+    interval = {"estimate": speedup, "low": bounds[0], "high": bounds[1]}
+    return format_interval({"correct": True, "interval": interval})
+
+
 def gain_text(record: StepRecord) -> str:
-    """`1.46x faster than your code (0.42 -> 0.29 ms; PyTorch 0.25 ms)`."""
+    """`1.46x faster than your code (95 % 1.41-1.52; 0.42 -> 0.29 ms; PyTorch 0.25 ms)`."""
+    estimate, _, bounds = interval_text(record).partition(" (")
     times = f"{_ms(record.start_ms)} -> {_ms(record.runtime_ms)} ms"
     if record.ref_ms is not None:
         times += f"; PyTorch {_ms(record.ref_ms)} ms"
-    return f"{format_speedup(record.step.speedup)} faster than your code ({times})"
+    return f"{estimate} faster than your code ({bounds.removesuffix(')')}; {times})"
+
+
+def below_text(record: StepRecord, threshold: float) -> str:
+    """Why a measured candidate is not offered: `best 1.15x (95 % 1.02-1.30): its lower
+    bound is under 1.10x`, or `best 1.05x (no interval): under 1.10x`."""
+    if record.bounds is None:
+        return f"best {interval_text(record)}: under {format_speedup(threshold)}"
+    return (
+        f"best {interval_text(record)}: the lower bound of its 95 % interval is under "
+        f"{format_speedup(threshold)}"
+    )
 
 
 def move(graph: Any, step: events.Step) -> str:
@@ -54,14 +79,22 @@ def action_title(graph: Any, record: StepRecord, also: Sequence[str]) -> str:
     return f"{title}; also {', '.join(also)}" if also else title
 
 
-def best_lens_title(graph: Any, record: StepRecord | None, slower: float | None) -> str | None:
-    """`Best: 1.46x faster (0.42 -> 0.29 ms) (Data Reuse -> tiling)` for the best offered
-    suggestion; else says that nothing measured beats the current code."""
+def best_lens_title(
+    graph: Any, record: StepRecord | None, slower: StepRecord | None, threshold: float
+) -> str | None:
+    """`Best: 1.46x faster (95 % 1.41-1.52; 0.42 -> 0.29 ms) (Data Reuse -> tiling)` for
+    the best offered suggestion; else says that nothing measured beats the current code,
+    and why the best measured one is not offered."""
     if record is not None:
         return f"Best: {gain_text(record)} ({move(graph, record.step)})"
     if slower is not None:
-        return f"HTAM: no faster candidate yet (best {format_speedup(slower)})"
+        return f"HTAM: no faster candidate yet ({below_text(slower, threshold)})"
     return None
+
+
+def best_slower(records: Sequence[StepRecord]) -> StepRecord | None:
+    """The measured candidate that came closest to being offered."""
+    return max(records, key=lambda r: (r.judged or 0.0, r.step.speedup or 0.0), default=None)
 
 
 def _cell(text: Any) -> str:
@@ -152,10 +185,12 @@ def history_table(graph: Any, history: Sequence[StepRecord], last: int = 10) -> 
     for record in history[-last:]:
         step = record.step
         when = datetime.fromtimestamp(record.time).strftime("%m-%d %H:%M")
+        gain = format_speedup(step.speedup if step.correct else None)
+        if step.correct and record.bounds is not None:
+            gain = interval_text(record)
         lines.append(
             f"| {record.n} | {when} | {_cell(move(graph, step))} | {_cell(outcome(step))} "
-            f"| {format_speedup(step.speedup if step.correct else None)} "
-            f"| {format_speedup(step.ref_speedup)} |"
+            f"| {gain} | {format_speedup(step.ref_speedup)} |"
         )
     return lines
 

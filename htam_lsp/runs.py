@@ -19,6 +19,7 @@ from typing import Any
 from lsprotocol import types as t
 
 from htam_engine import events, paths
+from htam_engine.report import format_speedup
 from htam_lsp import discovery, insight, render, status
 from htam_lsp import suggestions as sg
 from htam_lsp.documents import Document, uri_path
@@ -36,6 +37,10 @@ class Start:
     text: str
     kernels: list[tuple[int, int]]
 
+    @property
+    def hash(self) -> str:
+        return sg.text_hash(self.text)
+
 
 def start(ls: Any, doc: Document, unit: discovery.Unit, steps: int) -> dict[str, Any]:
     """Create the job and return its id at once; the work happens in a background task."""
@@ -48,8 +53,9 @@ def start(ls: Any, doc: Document, unit: discovery.Unit, steps: int) -> dict[str,
         job.state, job.message = "refused", why_not
         ls.publish_job(job)
         return {"jobId": job.id, "state": job.state, "message": why_not}
-    ls.publish_job(job)
     begun = Start(doc.text, _kernel_ranges(doc))
+    job.excluded = tuple(sg.failed_strategies(ls.records.history(doc.uri), begun.text))
+    ls.publish_job(job)
     job.task = asyncio.create_task(run(ls, job, doc.data, begun, uri_path(doc.uri) or ""))
     return {"jobId": job.id, "state": job.state}
 
@@ -168,12 +174,15 @@ async def run(ls: Any, job: Job, data: bytes, begun: Start, task_path: str) -> N
             ls.settings,
             seed=len(ls.records.history(job.uri)),
             output=str(paths.subdir("lsp-runs") / job.id),
+            exclude=job.excluded,
         )
         job.state = "running"
         ls.publish_job(job)
         await ls.jobs.run(job, argv, functools.partial(on_event, ls, begun=begun))
         if job.state == "done":
             job.message = summary(ls, job)
+        elif job.state == "failed" and job.steps_done == 0:
+            job.message += _excluded_note(job)
     except Exception as error:  # the job fails; the server goes on
         log.exception("job %s failed", job.id)
         job.state, job.message = "failed", f"HTAM job failed: {error}"
@@ -201,15 +210,25 @@ def summary(ls: Any, job: Job) -> str:
     if offer.untimed and not offer.slower:
         note = offer.untimed[-1].step.verdict.get("note") or "not timed here"
         return f"nothing to apply: correct, but {note}: no speedup to compare{tail}"
-    fastest = max((r.step.speedup or 0.0 for r in offer.slower), default=None)
-    if fastest is not None:
+    closest = render.best_slower(offer.slower)
+    if closest is not None:
         return (
-            f"nothing to apply: no candidate was {threshold:.2f}x faster than your code "
-            f"(best {fastest:.2f}x){tail}"
+            f"nothing to apply: no candidate was surely {format_speedup(threshold)} faster "
+            f"than your code ({render.below_text(closest, threshold)}){tail}"
         )
     ran = history[-job.steps_done :] if job.steps_done else []
     why = "; ".join(f"step {r.step.step} {render.outcome(r.step)}" for r in ran)
     return f"nothing to apply: no correct candidate ({why or 'no step finished'}){tail}"
+
+
+def _excluded_note(job: Job) -> str:
+    """Said when a job ends without a step: which strategies it did not retry."""
+    if not job.excluded:
+        return ""
+    return (
+        f"; not retried, as they failed on this code in earlier jobs: {', '.join(job.excluded)} "
+        "(edit the kernel to try them again)"
+    )
 
 
 async def _begin_progress(ls: Any, job: Job) -> bool:
@@ -240,6 +259,7 @@ def on_event(ls: Any, job: Job, event: events.Event, *, begun: Start) -> None:
             _on_step(ls, job, event, begun)
         elif isinstance(event, events.Result):
             job.best_speedup, job.ref_speedup = event.best_speedup, event.ref_speedup
+            _on_result(ls, job, event)
     except Exception:  # a bad event must not end the job's reading
         log.exception("job %s: could not handle a %s event", job.id, event.kind)
     if not isinstance(event, events.Result | events.Failed):
@@ -259,9 +279,19 @@ def _on_phase(ls: Any, job: Job, event: events.Phase) -> None:
         )
 
 
+def _on_result(ls: Any, job: Job, result: events.Result) -> None:
+    """The run's interval: each of its timed steps gets its 95 % bounds over the start."""
+    mine = [r for r in ls.records.history(job.uri) if r.n in job.records]
+    bounds = sg.run_bounds(result, mine)
+    if bounds:
+        ls.records.bound(job.uri, bounds)
+        ls.refresh_lenses()
+
+
 def _on_step(ls: Any, job: Job, step: events.Step, begun: Start) -> None:
     anchor = sg.anchor(begun.text, step.source, begun.kernels) if step.correct else None
-    ls.records.add(job.uri, step, anchor)
+    ls.records.add(job.uri, step, anchor, begun.hash)
+    job.records.append(ls.records.history(job.uri)[-1].n)
     line = step.error.get("line")
     if not step.compiled and isinstance(line, int):
         ls.compile_errors[job.uri] = (step.source, line, str(step.error.get("message", "")))

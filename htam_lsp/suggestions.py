@@ -8,10 +8,16 @@ for a correct one) and, for a correct candidate, its edit *anchored by text*: th
 the starting buffer the candidate changes, widened to the kernels it touches. A
 suggestion is offered while the document still holds that text exactly once, so edits
 elsewhere in the file keep it; an edit of the kernel itself drops it (and hover says so).
+
+A record also keeps the 95 % bounds of its speedup over the code its job started from
+(from the run's `Result`, see `run_bounds`): a suggestion is offered only when the lower
+bound clears the threshold. And it keeps a hash of that starting code, so that a strategy
+that failed on this code in one job is excluded from the next (`failed_strategies`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -22,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from htam_engine import events
+from htam_engine.vocabulary import STATUS_TABLE
 
 if TYPE_CHECKING:
     from htam_engine.memory import MemoryStore
@@ -44,6 +51,7 @@ VERDICT_KEYS = (
     "cached",
     "sandbox",
     "note",
+    "interval",  # vs PyTorch: with the run's bounds it gives each step's bounds over the start
 )
 # Edits whose result holds only on this machine or changes floating-point results.
 NON_PORTABLE = {
@@ -72,6 +80,9 @@ class StepRecord:
     step: events.Step
     time: float
     anchor: Anchor | None = None  # set for a correct candidate that changes something
+    start: str = ""  # `text_hash` of the code its job started from
+    low: float | None = None  # the 95 % bounds of `step.speedup` (None: no interval)
+    high: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         anchor = {"old": self.anchor.old, "new": self.anchor.new} if self.anchor else None
@@ -79,6 +90,9 @@ class StepRecord:
             "n": self.n,
             "time": self.time,
             "anchor": anchor,
+            "start": self.start,
+            "low": self.low,
+            "high": self.high,
             "event": events.to_json(self.step),
         }
 
@@ -91,12 +105,33 @@ class StepRecord:
             anchor = Anchor(str(raw["old"]), str(raw["new"])) if raw else None
             if not isinstance(step, events.Step):
                 raise events.EventError("not a step event")
-            return cls(int(data["n"]), step, float(data["time"]), anchor)
+            low, high = _number(data.get("low")), _number(data.get("high"))
+            start = str(data.get("start") or "")
+            return cls(int(data["n"]), step, float(data["time"]), anchor, start, low, high)
         except (KeyError, TypeError, ValueError) as error:
             log.info("skipped an HTAM step record this version cannot read: %s", error)
             return None
 
     # --- the verdict's numbers ----------------------------------------------------------
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """The 95 % interval of the speedup over the start, when the engine gave one."""
+        if self.low is None or self.high is None or self.step.speedup is None:
+            return None
+        return self.low, self.high
+
+    @property
+    def judged(self) -> float | None:
+        """What the threshold is compared with: the lower bound, else the estimate."""
+        bounds = self.bounds
+        return bounds[0] if bounds is not None else self.step.speedup
+
+    @property
+    def failed(self) -> bool:
+        """The step failed in a way the engine does not retry in a run (a penalty)."""
+        info = STATUS_TABLE.get(self.step.status)
+        return info is not None and info.penalty is not None
 
     @property
     def runtime_ms(self) -> float | None:
@@ -130,6 +165,57 @@ class StepRecord:
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def text_hash(text: str) -> str:
+    """A short content hash of a buffer (what `StepRecord.start` holds)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def failed_strategies(history: Sequence[StepRecord], text: str) -> list[str]:
+    """The strategies (local ids) that failed in earlier jobs on this very code: jobs that
+    started from `text`, or whose verified candidate `text` is (applying a result goes on
+    from where that job was). Another text of the kernel may let them work: not excluded."""
+    here = text_hash(text)
+    lines = {r.start for r in history if r.step.source and text_hash(r.step.source) == here}
+    lines.add(here)
+    failed = [r.step.local_id for r in history if r.failed and r.start and r.start in lines]
+    return list(dict.fromkeys(failed))
+
+
+def run_bounds(
+    result: events.Result, steps: Sequence[StepRecord]
+) -> dict[int, tuple[float, float]]:
+    """The 95 % bounds over the start of each timed step of one run (record n -> bounds).
+
+    The engine gives the bounds of its best step (`best_low`, `best_high`): the best
+    candidate's interval against PyTorch over the start's interval, each at its most
+    unfavourable end. The start's interval follows from them; every other step's bounds
+    are its own interval over that same start interval, the same rule."""
+    if result.best_low is None or result.best_high is None:
+        return {}
+    best = next((r for r in steps if r.step.step == result.best_step and r.step.correct), None)
+    if best is None:
+        return {}
+    found = {best.n: (result.best_low, result.best_high)}
+    interval = _interval(best)
+    if interval is None or result.best_low <= 0 or result.best_high <= 0:
+        return found
+    start_high, start_low = interval[0] / result.best_low, interval[1] / result.best_high
+    for record in steps:
+        own = _interval(record)
+        if record.n != best.n and own is not None and record.step.speedup is not None:
+            found[record.n] = (own[0] / start_high, own[1] / start_low)
+    return found
+
+
+def _interval(record: StepRecord) -> tuple[float, float] | None:
+    """A correct step's 95 % interval against PyTorch (low, high), when it was timed."""
+    raw = record.step.verdict.get("interval")
+    if not record.step.correct or not isinstance(raw, dict):
+        return None
+    low, high = _number(raw.get("low")), _number(raw.get("high"))
+    return (low, high) if low and high else None
 
 
 def trimmed(step: events.Step) -> events.Step:
@@ -205,14 +291,15 @@ class Offer:
 
     suggestions: list[Suggestion]  # best per strategy, fastest first
     dropped: list[StepRecord]  # would be offered, but the kernel's text changed
-    slower: list[StepRecord]  # correct, applicable, but under the threshold
+    slower: list[StepRecord]  # correct, applicable, but under the threshold (lower bound)
     applied: list[StepRecord] = field(default_factory=list)  # the text holds its result
     untimed: list[StepRecord] = field(default_factory=list)  # correct, no time to compare
 
 
 def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
     """The suggestions of `history` for the current `text`: correct candidates whose
-    anchor is in the text once and whose speedup over their start clears `threshold`."""
+    anchor is in the text once and whose speedup over their start clears `threshold`:
+    the lower bound of its 95 % interval, or the estimate where the engine gave none."""
     best: dict[str, Suggestion] = {}
     dropped: list[StepRecord] = []
     slower: list[StepRecord] = []
@@ -228,7 +315,8 @@ def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
         if record.step.speedup is None:
             untimed.append(record)  # e.g. Triton's interpreter: correct, never timed
             continue
-        if record.step.speedup < threshold:
+        judged = record.judged
+        if judged is None or judged < threshold:
             slower.append(record)
             continue
         found = Suggestion(record, at, at + len(record.anchor.old))
@@ -240,7 +328,7 @@ def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
 
 
 def _rank(record: StepRecord) -> float:
-    return record.step.speedup or 0.0
+    return record.judged or 0.0
 
 
 class SuggestionStore:
@@ -257,6 +345,7 @@ class SuggestionStore:
         self._writer: MemoryStore | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="htam-store")
         self._cache: dict[str, list[StepRecord]] = {}
+        self.revision = 0  # counts changes of any history: what caches of offers key on
 
     @property
     def store(self) -> MemoryStore:
@@ -275,15 +364,29 @@ class SuggestionStore:
             self._cache[key] = [r for r in map(StepRecord.from_json, steps) if r is not None]
         return self._cache[key]
 
-    def add(self, uri: str, step: events.Step, anchor: Anchor | None) -> Future[None]:
-        """Append a step: the cache now, the store in the writer thread."""
+    def add(
+        self, uri: str, step: events.Step, anchor: Anchor | None, start: str = ""
+    ) -> Future[None]:
+        """Append a step (`start`: the hash of the code its job started from): the cache
+        now, the store in the writer thread."""
         history = self.history(uri)
         number = history[-1].n + 1 if history else 1
-        record = StepRecord(number, trimmed(step), time.time(), anchor)
-        kept = [*history, record][-HISTORY_LIMIT:]
+        record = StepRecord(number, trimmed(step), time.time(), anchor, start)
+        return self._keep(uri, [*history, record][-HISTORY_LIMIT:])
+
+    def bound(self, uri: str, bounds: dict[int, tuple[float, float]]) -> Future[None]:
+        """Set the 95 % bounds of records (n -> (low, high)) once their run has ended."""
+        history = [
+            replace(r, low=bounds[r.n][0], high=bounds[r.n][1]) if r.n in bounds else r
+            for r in self.history(uri)
+        ]
+        return self._keep(uri, history)
+
+    def _keep(self, uri: str, history: list[StepRecord]) -> Future[None]:
         key = record_key(uri)
-        self._cache[key] = kept
-        return self._pool.submit(self._write, key, {"history": [r.to_json() for r in kept]})
+        self._cache[key] = history
+        self.revision += 1
+        return self._pool.submit(self._write, key, {"history": [r.to_json() for r in history]})
 
     def _write(self, key: str, record: dict[str, Any]) -> None:
         if self._writer is None:

@@ -131,7 +131,8 @@ async def test_recorded_suggestion_survives_into_a_new_server(
     assert [a.kind for a in offered] == [f"refactor.rewrite.htam.{LOCAL}"]  # 1.05x is no win
     action = offered[0]
     assert action.title.endswith(
-        ": 1.84x faster than your code (0.92 -> 0.5 ms; PyTorch 1.25 ms), correct on 3 inputs"
+        ": 1.84x faster than your code (no interval; 0.92 -> 0.5 ms; PyTorch 1.25 ms), "
+        "correct on 3 inputs"
     )
     assert action.data["speedup"] == 1.84 and action.data["refMs"] == 1.25  # type: ignore[index]
     assert action.is_preferred and list(action.tags or []) == [t.CodeActionTag.LlmGenerated]
@@ -145,7 +146,7 @@ async def test_recorded_suggestion_survives_into_a_new_server(
     )
     titles = [lens.command.title for lens in lenses or [] if lens.command]
     assert [t for t in titles if t.startswith("Best: ")] == [
-        "Best: 1.84x faster than your code (0.92 -> 0.5 ms; PyTorch 1.25 ms) "
+        "Best: 1.84x faster than your code (no interval; 0.92 -> 0.5 ms; PyTorch 1.25 ms) "
         f"({load_seed('cuda').globals[parent].name} -> {load_seed('cuda').locals[LOCAL].name})"
     ]  # one per file: a step optimizes the whole file
 

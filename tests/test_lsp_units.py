@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -160,10 +161,37 @@ def test_titles_label_non_portable_edits_first_and_say_only_what_the_name_does_n
     record = sg.StepRecord(1, _step(1.5, ""), 0.0, sg.Anchor(old, new))
     title = render.action_title(None, record, ["restrict pointers"])
     assert title.startswith("HTAM: apply g -> l [non-portable: -march=native]: 1.50x faster")
-    assert title.endswith("(1.5 -> 1 ms), correct; also restrict pointers")
+    assert title.endswith("(no interval; 1.5 -> 1 ms), correct; also restrict pointers")
     name = "-o3 -march=native"
     assert _said("march_native", name) and _said("opt_O3", name)
     assert not _said("restrict_pointers", name)
+
+
+def test_each_step_of_a_run_gets_its_bounds_over_the_start_from_the_result():
+    """The engine bounds its best step (its interval vs PyTorch over the start's, each at
+    its unfavourable end); the start's interval follows, and so does every other step's."""
+
+    def timed(n: int, ref: float, low: float, high: float) -> sg.StepRecord:
+        verdict = {
+            "compiled": True,
+            "correct": True,
+            "speedup": ref,
+            "interval": {"estimate": ref, "low": low, "high": high},
+        }
+        step = events.Step(n, "g", f"l{n}", "", "improved", 0.1, ref / 0.5, verdict=verdict)
+        return sg.StepRecord(10 + n, step, 0.0)
+
+    steps = [timed(1, 0.575, 0.54, 0.62), timed(2, 0.7, 0.68, 0.72)]
+    result = events.Result("r", "k", True, 1.4, 0.7, 2, "completed", "out", "", 0.68 / 0.52, 1.5)
+    bounds = sg.run_bounds(result, steps)
+    assert bounds[12] == (0.68 / 0.52, 1.5)
+    assert bounds[11] == pytest.approx((0.54 / 0.52, 0.62 / 0.48))
+    no_interval = events.Result("r", "k", True, 1.4, 0.7, 2, "completed", "out")
+    assert sg.run_bounds(no_interval, steps) == {}
+    judged = replace(steps[0], low=bounds[11][0], high=bounds[11][1])
+    assert judged.judged == bounds[11][0] and steps[0].judged == steps[0].step.speedup
+    offer = sg.offer([replace(judged, anchor=sg.Anchor("a", "b"))], "xax", 1.1)
+    assert offer.suggestions == [] and len(offer.slower) == 1  # 1.15x estimate, 1.04 bound
 
 
 def test_stop_asks_with_sigterm_then_kills_what_ignores_it():

@@ -1,0 +1,276 @@
+"""The server judges a win by its interval and never retries a known failure, over real LSP.
+
+The real `htam-lsp` runs a stand-in engine (tests/fixtures/lsp/fake_engine.py) that plays
+scripted `htam optimize --events` runs, so that the numbers are exactly known: a candidate
+whose estimate clears minSpeedup but whose 95 % lower bound does not is not offered, and
+says why; a strategy that failed in one job is passed to the next with `--exclude`. The
+engine's side of `--exclude` (it then never picks the strategy) is checked on the real
+policy at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_lsp
+from conftest import STRIPPED
+from fixtures.lsp.lspkit import CLIENTS, FIXTURES, REPO, find, initialize, open_file, wait_until
+from lsprotocol import types as t
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+FAKE = Path(tempfile.mkdtemp(prefix="htam-fake-engine-"))
+SCRIPT, LOG = FAKE / "script.json", FAKE / "argv.jsonl"
+OPTIONS = {"allowExecution": True, "provider": "offline", "device": "cpu", "minSpeedup": 1.1}
+TERMINAL = {"done", "failed", "cancelled", "refused"}
+START_REF = 0.5  # the starting code over PyTorch, with its interval 0.48-0.52
+
+
+def _config() -> ClientServerConfig:
+    env = {k: v for k, v in os.environ.items() if k not in STRIPPED}
+    env.update(
+        HTAM_HOME=str(FAKE / "home"),
+        PYTHONUNBUFFERED="1",
+        HTAM_LSP_ENGINE="fake_engine",
+        PYTHONPATH=os.pathsep.join([str(FIXTURES), env.get("PYTHONPATH", "")]),
+        HTAM_FAKE_ENGINE_SCRIPT=str(SCRIPT),
+        HTAM_FAKE_ENGINE_LOG=str(LOG),
+    )
+    return ClientServerConfig([sys.executable, "-m", "htam_lsp.server"], server_env=env)
+
+
+@pytest_lsp.fixture(config=_config(), params=CLIENTS)
+async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest):
+    states: list[dict[str, Any]] = []
+    lsp_client.feature("htam/jobState")(lambda params: states.append(_plain(params)))
+    lsp_client.feature(t.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
+    lsp_client.spec = request.param  # type: ignore[attr-defined]
+    lsp_client.states = states  # type: ignore[attr-defined]
+    LOG.unlink(missing_ok=True)
+    yield lsp_client
+    await lsp_client.shutdown_session()
+
+
+def _plain(params: Any) -> dict[str, Any]:
+    return dict(params) if isinstance(params, dict) else dict(params._asdict())
+
+
+@pytest.fixture
+def task(tmp_path: Path) -> Path:
+    for name in ("cpu_naive.py", "reference.py"):
+        shutil.copy(REPO / "examples" / "softmax" / name, tmp_path / name)
+    return tmp_path / "cpu_naive.py"
+
+
+def step(n: int, local: str, ref: tuple[float, float, float] | None, replace: list[str]) -> dict:
+    """A step event: correct with its speedup over PyTorch `ref` (estimate, low, high),
+    or, with `ref` None, a compile error."""
+    verdict: dict[str, Any] = {"compiled": ref is not None, "correct": ref is not None}
+    if ref is None:
+        verdict["error"] = {"kind": "compile_error", "message": "error: bad flag"}
+    else:
+        estimate, low, high = ref
+        verdict.update(
+            speedup=estimate,
+            runtime_ms=round(1.0 / estimate, 4),
+            ref_runtime_ms=1.0,
+            inputs_checked=3,
+            interval={"estimate": estimate, "low": low, "high": high},
+        )
+    return {
+        "event": "step",
+        "step": n,
+        "global": "compiler_flags",
+        "local": local,
+        "reason": "scripted",
+        "status": "compile_error" if ref is None else "improved",
+        "reward": 0.1,
+        "speedup": None if ref is None else ref[0] / START_REF,
+        "verdict": verdict,
+        "replace": replace,
+    }
+
+
+def result(best_step: int, best: float | None, bounds: tuple[float, float] | None) -> dict:
+    low, high = bounds or (None, None)
+    return {
+        "event": "result",
+        "run_id": "r",
+        "task": "cpu_naive",
+        "correct": True,
+        "best_speedup": best,
+        "ref_speedup": None if best is None else best * START_REF,
+        "best_step": best_step,
+        "stopped": "completed",
+        "output_dir": "",
+        "best_low": low,
+        "best_high": high,
+    }
+
+
+async def _run(client: LanguageClient, uri: str, where: t.Position) -> dict[str, Any]:
+    answer = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.nextStep", [{"uri": uri, "position": _json(where)}])
+    )
+    assert answer is not None
+    states = client.states  # type: ignore[attr-defined]
+    return await wait_until(
+        lambda: next(
+            (s for s in states if s["jobId"] == answer["jobId"] and s["state"] in TERMINAL), None
+        ),
+        timeout=60,
+    )
+
+
+async def _offered(client: LanguageClient, uri: str, where: t.Position) -> list[t.CodeAction]:
+    found = await client.text_document_code_action_async(
+        t.CodeActionParams(
+            t.TextDocumentIdentifier(uri), t.Range(where, where), t.CodeActionContext([])
+        )
+    )
+    return [a for a in found or [] if isinstance(a, t.CodeAction) and a.data]
+
+
+async def _lenses(client: LanguageClient, uri: str) -> list[str]:
+    lenses = await client.text_document_code_lens_async(
+        t.CodeLensParams(t.TextDocumentIdentifier(uri))
+    )
+    return [lens.command.title for lens in lenses or [] if lens.command]
+
+
+async def _hover(client: LanguageClient, uri: str, where: t.Position) -> str:
+    hover = await client.text_document_hover_async(
+        t.HoverParams(t.TextDocumentIdentifier(uri), where)
+    )
+    assert hover is not None and isinstance(hover.contents, t.MarkupContent)
+    return hover.contents.value
+
+
+async def test_an_estimate_over_the_threshold_with_a_lower_bound_under_it_is_not_offered(
+    client: LanguageClient, task: Path
+):
+    # 1.15x over the start by its estimate; its 95 % bounds are 0.54/0.52 and 0.62/0.48.
+    first = step(1, "flags_o3", (0.575, 0.54, 0.62), ["-O2", "-O3"])
+    SCRIPT.write_text(json.dumps([[first, result(1, 1.15, (0.54 / 0.52, 0.62 / 0.48))]]))
+    result_ = await initialize(client, client.spec, OPTIONS)  # type: ignore[attr-defined]
+    encoding = str(result_.capabilities.position_encoding or "utf-16")
+    text = task.read_text()
+    uri = open_file(client, task, "python")
+    where = find(text, "ModelNew", encoding)
+    final = await _run(client, uri, where)
+    assert final["state"] == "done", final
+    said = "best 1.15x (95 % 1.04-1.29): the lower bound of its 95 % interval is under 1.10x"
+    assert said in final["message"] and final["suggestions"] == 0, final["message"]
+
+    assert await _offered(client, uri, where) == []
+    assert f"HTAM: no faster candidate yet ({said})" in await _lenses(client, uri)
+    hover = await _hover(client, uri, where)
+    assert "No candidate is offered" in hover and said in hover, hover
+    assert "| 1.15x (95 % 1.04-1.29) |" in hover  # the measured history shows the interval
+
+    # The same candidate with its bounds over 1.10x is offered, the interval in its title.
+    again = step(1, "flags_o3", (0.7, 0.68, 0.72), ["-O2", "-O3"])
+    SCRIPT.write_text(json.dumps([[again, result(1, 1.4, (0.68 / 0.52, 0.72 / 0.48))]]))
+    LOG.unlink()
+    final = await _run(client, uri, where)
+    offered = await _offered(client, uri, where)
+    assert [a.data["speedupLow"] > 1.1 for a in offered] == [True], final  # type: ignore[index]
+    assert offered[0].title.endswith(
+        ": 1.40x faster than your code (95 % 1.31-1.50; 2 -> 1.43 ms; PyTorch 1 ms), "
+        "correct on 3 inputs"
+    ), offered[0].title
+    shown = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.results", [{"uri": uri, "position": _json(where)}])
+    )
+    assert shown is not None and "(95 % 1.31-1.50" in shown["markdown"]
+    assert shown["plot"] and shown["plot"].endswith("speedup.png")
+
+
+async def test_a_strategy_that_failed_in_one_job_is_excluded_from_the_next(
+    client: LanguageClient, task: Path
+):
+    SCRIPT.write_text(
+        json.dumps(
+            [
+                [
+                    step(1, "march_native", None, []),
+                    step(2, "flags_o3", (0.6, 0.5, 0.7), ["-O2", "-O3"]),
+                    result(2, 1.2, None),  # no interval: the estimate rule, said so
+                ],
+                [result(0, 1.0, None) | {"stopped": "no applicable strategy"}],
+            ]
+        )
+    )
+    result_ = await initialize(client, client.spec, OPTIONS)  # type: ignore[attr-defined]
+    encoding = str(result_.capabilities.position_encoding or "utf-16")
+    text = task.read_text()
+    uri = open_file(client, task, "python")
+    where = find(text, "ModelNew", encoding)
+    await _run(client, uri, where)
+    offered = await _offered(client, uri, where)
+    assert len(offered) == 1 and "1.20x faster than your code (no interval; " in offered[0].title
+
+    final = await _run(client, uri, where)
+    first, second = (json.loads(line)["argv"] for line in LOG.read_text().splitlines())
+    assert "--exclude" not in first
+    assert second[second.index("--exclude") + 1] == "march_native"
+    assert final["state"] == "failed"
+    assert (
+        "not retried, as they failed on this code in earlier jobs: march_native"
+        in (final["message"])
+    )
+
+    # Another text of the kernel may let it work: it is tried again there.
+    edited = text.replace("for (long c = 1;", "for (long c = 1; /* edited */")
+    client.text_document_did_change(
+        t.DidChangeTextDocumentParams(
+            t.VersionedTextDocumentIdentifier(version=2, uri=uri),
+            [t.TextDocumentContentChangeWholeDocument(edited)],
+        )
+    )
+    await _run(client, uri, find(edited, "ModelNew", encoding))
+    third = json.loads(LOG.read_text().splitlines()[-1])["argv"]
+    assert "--exclude" not in third
+
+
+def test_the_engine_never_picks_an_excluded_strategy(tmp_path: Path) -> None:
+    """`htam optimize --exclude ID` reaches the loop, which never chooses ID."""
+    from htam_engine.cli import build_parser
+    from htam_engine.loop import EXCLUDED, LoopConfig, Optimizer, _restrict_to_applicable
+    from htam_engine.memory import MemoryStore
+    from htam_engine.policy import EvidenceLocalSelector
+    from htam_engine.task import load_task
+
+    args = build_parser().parse_args(["optimize", "t.py", "--exclude", " a,b ,a"])
+    assert args.exclude == ("a", "b")
+
+    loaded = load_task(REPO / "examples" / "softmax" / "cpu_naive.py")
+    store = MemoryStore(tmp_path / "home")
+    source = loaded.impl_source or ""
+
+    def chosen(exclude: tuple[str, ...], seed: int) -> str:
+        config = LoopConfig(steps=1, device="cpu", exclude=exclude)
+        optimizer = Optimizer(loaded, source, provider=None, store=store, config=config)
+        graph = store.graph("cpu")
+        runnable = optimizer._applicability(graph, source)
+        for excluded in exclude:
+            assert runnable[excluded] == EXCLUDED
+        usable = _restrict_to_applicable(graph, runnable)
+        decision = optimizer.episode.decide(
+            usable, optimizer._state(source), random.Random(seed), EvidenceLocalSelector(), runnable
+        )
+        return decision.local_id
+
+    first = chosen((), 0)
+    assert all(chosen((first,), seed) != first for seed in range(8))
+
+
+def _json(position: t.Position) -> dict[str, int]:
+    return {"line": position.line, "character": position.character}
