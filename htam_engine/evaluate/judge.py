@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from htam_engine import stats, triton_backend
-from htam_engine.evaluate import common, sandbox
+from htam_engine.evaluate import accounting, common, sandbox
 from htam_engine.evaluate.process import (
     Child,
     Stop,
@@ -161,26 +161,52 @@ _FLOOR_MS = 1e-6
 @dataclass(frozen=True)
 class Call:
     """One call: the wall time by this process's clock from letting the worker go to its
-    `stored` mark arriving, and (believed for the reference only) the time between its
-    `staged` and `done` marks by the worker's own clock."""
+    `stored` mark arriving, the part of it neighbours held the CPU (`accounting`), and
+    (believed for the reference only) the time between its `staged` and `done` marks by
+    the worker's own clock."""
 
     wall_ms: float
     marked_ms: float
     mismatch: str
+    stolen_ms: float = 0.0
+    accounted: bool = False  # the kernel's books said what neighbours took
+
+    @property
+    def own_ms(self) -> float:
+        return self.wall_ms - self.stolen_ms
 
 
 def samples(calls: dict[str, list[Call]]) -> tuple[list[float], list[float], float]:
-    """Milliseconds per timed call (warm-up dropped). The reference's are its marked
-    kernel times; the harness's share of its calls (staging, copying the outputs out,
-    waking up) is the median of wall minus marked, and the candidate is charged its
-    whole wall time less that share: work it defers past `done` is still counted."""
+    """Milliseconds per timed call (warm-up dropped): each side is charged its own time
+    (wall less what neighbours took) less the harness's share of a call (staging,
+    copying the outputs out, waking up): the lower quartile over the reference's calls
+    of wall minus marked time (a neighbour's slice can fall inside the marks or outside,
+    and the calls it missed show the harness alone). Work a candidate defers past
+    `done` is still counted."""
     reference = calls["reference"][WARMUP:]
-    share = statistics.median(c.wall_ms - c.marked_ms for c in reference) if reference else 0.0
+    share = _lower_quartile([c.wall_ms - c.marked_ms for c in reference]) if reference else 0.0
     return (
-        [max(c.marked_ms, _FLOOR_MS) for c in reference],
-        [max(c.wall_ms - share, _FLOOR_MS) for c in calls["candidate"][WARMUP:]],
+        [max(c.own_ms - share, _FLOOR_MS) for c in reference],
+        [max(c.own_ms - share, _FLOOR_MS) for c in calls["candidate"][WARMUP:]],
         share,
     )
+
+
+def _lower_quartile(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 4]
+
+
+def accounting_summary(calls: dict[str, list[Call]]) -> dict[str, float]:
+    """What the neighbours took, for the verdict's conditions."""
+    timed = [c for role in ROLES for c in calls[role][WARMUP:]]
+    if not timed:
+        return {}
+    return {
+        "stolen_ms": sum(c.stolen_ms for c in timed),
+        "stolen_share": sum(c.stolen_ms for c in timed) / max(sum(c.wall_ms for c in timed), 1e-9),
+        "accounted_share": sum(c.accounted for c in timed) / len(timed),
+    }
 
 
 def _stamp(mark: dict[str, Any]) -> float:
@@ -207,6 +233,13 @@ class Side:
             memory_mb=memory,
         )
         self.calls = 0
+        self.main: int | None = None  # the worker's own process, found at its first call
+
+    def books(self, members: list[int]) -> accounting.Books | None:
+        """The kernel's accounting of the worker's processes `members`."""
+        if self.main is None:
+            self.main = accounting.main_process(members)
+        return accounting.read(self.main, members) if self.main else None
 
     def make_buffers(self, sizes: tuple[int, int]) -> None:
         """Before `load`, so no candidate code has run that could have planted them."""
@@ -239,6 +272,7 @@ class Judge:
         self.sides: dict[str, Side] = {}
         self.verify = Checks(_VERIFY_CHECKS)
         self.timing = Checks(_TIMING_CHECKS)
+        self.accounting: dict[str, float] = {}
 
     # the caller's channel -------------------------------------------------------------
     def emit(self, **event: Any) -> None:
@@ -259,8 +293,10 @@ class Judge:
         make = self.reference.get_inputs_alt if alt else self.reference.get_inputs
         return list(make())
 
-    def _run_model(self, model: torch.nn.Module, inputs: list[Any]) -> Outputs:
+    def _run_model(self, model: torch.nn.Module, inputs: list[Any], seed: int) -> Outputs:
         moved = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        torch.manual_seed(seed)  # the seed the workers get for these inputs: a forward
+        # that draws random numbers (an LSTM's initial state) draws the same ones
         with torch.no_grad():
             return [o.detach().cpu() for o in _as_list(model(*moved))]
 
@@ -276,7 +312,11 @@ class Judge:
         count = self.job["input_sets"]
         has_alt = hasattr(self.reference, "get_inputs_alt")
         self.sets = [self._make_inputs(has_alt and i == count - 1) for i in range(count)]
-        self.expected = [self._run_model(model, inputs) for inputs in self.sets]
+        self.seeds = [_rng.randrange(2**63) for _ in self.sets]
+        self.expected = [
+            self._run_model(model, inputs, seed)
+            for inputs, seed in zip(self.sets, self.seeds, strict=True)
+        ]
         self.exact = self._float64(model, self.sets)
         self.out_items = [common.layout(out)[0] for out in self.expected]
         sizes = (
@@ -291,7 +331,10 @@ class Judge:
         """The reference in float64 (None when it cannot run so)."""
         try:
             exact = copy.deepcopy(model).double()
-            return [self._run_model(exact, [_double(x) for x in inputs]) for inputs in sets]
+            return [
+                self._run_model(exact, [_double(x) for x in inputs], seed)
+                for inputs, seed in zip(sets, self.seeds, strict=True)
+            ]
         except Exception:  # a reference that only works in its own dtype
             return None
 
@@ -316,13 +359,15 @@ class Judge:
         except Stop as stop:
             if side.role == "reference" and stop.kind not in ("timeout", "cheating"):
                 message = f"the reference failed: {stop.message}"
-                raise Stop("runtime_error", message, stop.log) from None
+                raise Stop("reference_error", message, stop.log) from None
             raise
         return event
 
-    def call(self, side: Side, inputs: list[Any], out_items: list[dict], limit_s: float) -> Call:
-        """Run one call on `side`, timed by this process's clock; the side is left
-        stopped, its outputs in its `out.bin`."""
+    def call(
+        self, side: Side, inputs: list[Any], out_items: list[dict], limit_s: float, seed: int
+    ) -> Call:
+        """Run one call on `side` (seeded with `seed` before its forward), timed by this
+        process's clock; the side is left stopped, its outputs in its `out.bin`."""
         items, _ = common.layout(inputs)
         for item, value in zip(items, inputs, strict=True):
             if isinstance(value, torch.Tensor):
@@ -334,20 +379,30 @@ class Judge:
             "in_size": side.inbuf.numel(),
             "out": out_items,
             "out_size": side.outbuf.numel(),
+            "seed": seed,
         }
+        members = list(side.child.frozen) if self.device.type == "cpu" else []
+        before = side.books(members) if members else None  # on a GPU the device's time counts
         start = time.perf_counter()  # the inputs are in place; the worker is stopped
         thaw(side.child)
         side.child.send(json.dumps(command))
         marks = [self._expect(side, mark, limit_s, "call") for mark in _MARKS]
+        # read before `freeze`: a stop waits for a CPU as well, after the call
+        after = side.books(members) if before else None
         freeze(side.child)
         if any(mark.get("k") != side.calls for mark in marks):
             self.timing.fail("timing.call_count", side.role, f"call {side.calls} mismatched")
         side.calls += 1
         mismatch = str(marks[-1].get("mismatch") or "")
         if mismatch and side.role == "reference":
-            raise Stop("runtime_error", f"the reference returned {mismatch}"[:600])
+            raise Stop("reference_error", f"the reference returned {mismatch}"[:600])
         staged, done = (_stamp(mark) for mark in marks[:2])
-        return Call((float(marks[-1]["_t"]) - start) * 1e3, (done - staged) * 1e3, mismatch)
+        wall_ms = (float(marks[-1]["_t"]) - start) * 1e3
+        stolen = accounting.stolen_ms(before, after)
+        marked_ms = (done - staged) * 1e3
+        if stolen is None:
+            return Call(wall_ms, marked_ms, mismatch)
+        return Call(wall_ms, marked_ms, mismatch, min(stolen, wall_ms), accounted=True)
 
     def outputs(self, side: Side, out_items: list[dict]) -> Outputs:
         return [common.tensor_view(side.outbuf, item).clone() for item in out_items]
@@ -363,7 +418,10 @@ class Judge:
     def verify_all(self) -> None:
         side = self.sides["candidate"]
         for index, inputs in enumerate(self.sets):
-            mismatch = self.call(side, inputs, self.out_items[index], self.job["verify_s"]).mismatch
+            limit = self.job["verify_s"]
+            mismatch = self.call(
+                side, inputs, self.out_items[index], limit, self.seeds[index]
+            ).mismatch
             if mismatch:
                 self.verify.fail("output.shape", f"input set {index + 1}", mismatch)
                 continue
@@ -451,11 +509,11 @@ class Judge:
         items = self.out_items[0]
         for k in range(WARMUP + self.job["max_trials"]):
             final = self._enough(calls, k, budget)
-            inputs = self._make_inputs()
+            inputs, seed = self._make_inputs(), _rng.randrange(2**63)
             judged = final or _rng.random() < JUDGED_SHARE
             got: dict[str, Outputs] = {}
             for role in ROLES if k % 2 == 0 else ROLES[::-1]:
-                made = self.call(self.sides[role], inputs, items, self._limit(calls))
+                made = self.call(self.sides[role], inputs, items, self._limit(calls), seed)
                 if made.mismatch:
                     self.timing.fail("timing.outputs", f"timed call {k + 1}", made.mismatch)
                     judged = False
@@ -466,6 +524,7 @@ class Judge:
                 self._judge_timed(k, inputs, got)
             if final:
                 break
+        self.accounting = accounting_summary(calls)
         return samples(calls)
 
     def _limit(self, calls: dict[str, list[Call]]) -> float:
@@ -529,6 +588,7 @@ class Judge:
             ref=reference,
             cand=candidate,
             harness_ms=share,
+            accounting=self.accounting,
             checks=checks,
             threads=self.job["threads"],
         )

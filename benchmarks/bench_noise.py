@@ -1,0 +1,158 @@
+"""Does one honest kernel get the same number idle and next to a busy neighbour?
+
+    .venv/bin/python benchmarks/bench_noise.py [--baseline DIR] [--runs 5] [--out FILE.json]
+
+Evaluates one candidate (`htam eval --no-cache --json`) `--runs` times on an idle machine
+and `--runs` times beside a neighbour that keeps one core busy (a bounded busy loop in
+its own process), with this checkout and, with `--baseline DIR`, an older checkout (for
+example `git worktree add ../htam-base <rev>` outside /tmp, which the sandbox hides) in
+the same run, alternating. Reported per checkout and condition: the speedups, their
+spread (max/min), how many loaded runs' intervals contain the idle median, and the
+per-candidate overhead (the whole command's wall time less its timing phase).
+
+The baseline's engine, judge and timing run from DIR; its sandboxed workers import
+this checkout's installed package (the sandbox passes no PYTHONPATH), so the two differ
+in how they time, not in the harness inside the box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK = "examples/softmax/reference.py"
+CANDIDATE = "examples/softmax/cpu_naive.py"
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def evaluate(checkout: Path, task: str, candidate: str, env: dict[str, str]) -> dict[str, Any]:
+    """One `htam eval` of `candidate` by the engine in `checkout`."""
+    command = [sys.executable, "-m", "htam_engine.cli", "eval", task, candidate]
+    start = time.perf_counter()
+    done = subprocess.run(
+        [*command, "--no-cache", "--json"],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(checkout)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    wall_s = time.perf_counter() - start
+    try:
+        verdict = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return {"error": (done.stderr or done.stdout)[-400:], "wall_s": wall_s}
+    interval = verdict.get("interval") or {}
+    phases = verdict.get("phase_seconds") or {}
+    return {
+        "speedup": verdict.get("speedup"),
+        "low": interval.get("low"),
+        "high": interval.get("high"),
+        "pairs": interval.get("pairs"),
+        "converged": verdict.get("converged"),
+        "noisy": verdict.get("noisy"),
+        "stolen_share": (verdict.get("spread") or {}).get("stolen_share"),
+        "wall_s": wall_s,
+        "overhead_s": wall_s - float(phases.get("time", 0.0)),
+        "error": (verdict.get("error") or {}).get("message"),
+    }
+
+
+def loaded(checkout: Path, task: str, candidate: str, env: dict[str, str]) -> dict[str, Any]:
+    """One evaluation beside a neighbour burning a core for as long as it runs."""
+    neighbour = multiprocessing.Process(target=_spin, args=(600.0,), daemon=True)
+    neighbour.start()
+    time.sleep(0.5)
+    try:
+        return evaluate(checkout, task, candidate, env)
+    finally:
+        neighbour.terminate()
+        neighbour.join(5)
+
+
+def summarise(idle: list[dict[str, Any]], busy: list[dict[str, Any]]) -> dict[str, Any]:
+    def speedups(runs: list[dict[str, Any]]) -> list[float]:
+        return [r["speedup"] for r in runs if r.get("speedup")]
+
+    idle_s, busy_s = speedups(idle), speedups(busy)
+    idle_median = statistics.median(idle_s) if idle_s else None
+    honest = sum(
+        1
+        for r in busy
+        if idle_median is not None and r.get("low") and r["low"] <= idle_median <= r["high"]
+    )
+    return {
+        "idle": idle_s,
+        "loaded": busy_s,
+        "idle_median": idle_median,
+        "idle_spread": max(idle_s) / min(idle_s) if idle_s else None,
+        "loaded_spread": max(busy_s) / min(busy_s) if busy_s else None,
+        "all_spread": max(idle_s + busy_s) / min(idle_s + busy_s) if idle_s and busy_s else None,
+        "loaded_interval_holds_idle_median": f"{honest}/{len(busy)}",
+        "overhead_s": statistics.median(r["overhead_s"] for r in idle + busy),
+        "errors": [r["error"] for r in idle + busy if r.get("error")],
+    }
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    def fmt(values: list[float]) -> str:
+        return ", ".join(f"{v:.2f}" for v in values)
+
+    lines = [
+        "| checkout | idle speedups | loaded speedups | spread idle | spread loaded "
+        "| spread all | loaded interval holds idle median | overhead per candidate |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, s in results.items():
+        lines.append(
+            f"| {name} | {fmt(s['idle'])} | {fmt(s['loaded'])} | {s['idle_spread'] or 0:.2f}x "
+            f"| {s['loaded_spread'] or 0:.2f}x | {s['all_spread'] or 0:.2f}x "
+            f"| {s['loaded_interval_holds_idle_median']} | {s['overhead_s']:.1f} s |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, help="an older checkout to compare against")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--task", default=TASK)
+    parser.add_argument("--candidate", default=CANDIDATE)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    checkouts = {"this checkout": ROOT}
+    if args.baseline:
+        checkouts = {f"baseline ({args.baseline.name})": args.baseline.resolve(), **checkouts}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HTAM_HOME"] = tempfile.mkdtemp(prefix="htam-bench-noise-")  # not the user's data
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        name: {"idle": [], "loaded": []} for name in checkouts
+    }
+    for _ in range(args.runs):  # alternate checkouts and conditions: drift hits all alike
+        for name, checkout in checkouts.items():
+            runs[name]["idle"].append(evaluate(checkout, args.task, args.candidate, env))
+            runs[name]["loaded"].append(loaded(checkout, args.task, args.candidate, env))
+    results = {name: summarise(r["idle"], r["loaded"]) for name, r in runs.items()}
+    print(table(results))
+    if args.out:
+        data = {"task": args.task, "candidate": args.candidate, "cores": os.cpu_count()}
+        args.out.write_text(json.dumps({**data, "results": results, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
