@@ -63,6 +63,9 @@ class Step:
     prompt_tokens: int = 0
     note: str = ""  # why there was no code, or how a repair turn went
     llm: dict[str, Any] = field(default_factory=dict)  # LLM attempts and this step's usage
+    # the candidate timed in pairs against the best so far, which confirmed or refused
+    # a win the reference ratios suggested: speedup, interval (low, high), confirmed
+    versus_best: dict[str, Any] = field(default_factory=dict)
 
     @property
     def compiled(self) -> bool:

@@ -3,10 +3,10 @@
 state s_t -> global direction g_t (transition-aware) -> local strategy l_t -> candidate
 c_{t+1} (mechanical rewrite or LLM) -> verdict (isolated worker) -> memory update.
 
-Speedups are always normalised by the PyTorch reference timed in the same worker as
-the candidate: comparing two candidates timed in different workers on a noisy machine
-would mostly measure the noise, while the ratio to a reference measured alongside
-each one holds.
+Speedups are normalised by the PyTorch reference timed in pairs with the candidate.
+Ratios to the reference from two different moments still drift on a busy machine, so
+a win they suggest is settled by timing the candidate in pairs against the best so far
+(`evaluate.compare`), and the run's final best against its start the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from htam_engine import events, implement, parsing
 from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
 from htam_engine.evaluate import Verdict, evaluate
 from htam_engine.evaluate.cache import usable_as_baseline
+from htam_engine.evaluate.runner import compare
 from htam_engine.events import Phase, Step
 from htam_engine.implement import Implemented
 from htam_engine.llm import LLMError, Provider, generation_prompt, translation_prompt
@@ -38,7 +39,8 @@ from htam_engine.vocabulary import Status
 Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
 # Verdicts that say nothing about a strategy: learning from them would only add noise.
-UNRUNNABLE = {"no_gpu", "cancelled"}
+UNRUNNABLE = {"no_gpu", "cancelled", "reference_error"}
+REFERENCE_ERROR = "reference_error"  # a run it stops says `reference_error: <why>`
 # Verdict error kinds of a candidate that compiled but failed, that are statuses of their own.
 FAILED_KINDS = {
     s.value: s for s in (Status.CRASH, Status.TIMEOUT, Status.CHEATING, Status.NOT_CUSTOM_KERNEL)
@@ -77,7 +79,10 @@ class RunResult:
     note: str = ""  # what the run's numbers can say (e.g. correctness only, not timed)
     best_ref_speedup: float | None = None
     start_ref_speedup: float | None = None
-    best_interval: tuple[float, float] | None = None  # 95 % bounds of best_speedup
+    # the best timed in pairs against the start (`Optimizer._duel_start`): the estimate
+    # and its 95 % bounds
+    best_over_start: float | None = None
+    best_interval: tuple[float, float] | None = None
     stopped: str = "completed"
     output_dir: str = ""
 
@@ -87,7 +92,10 @@ class RunResult:
 
     @property
     def best_speedup(self) -> float | None:
-        """Best correct implementation over the starting one."""
+        """Best correct implementation over the starting one: timed against it in pairs
+        where that was done, else the ratio of their speedups over the reference."""
+        if self.best_over_start is not None:
+            return self.best_over_start
         if self.best_ref_speedup is None or not self.start_ref_speedup:
             return None
         return self.best_ref_speedup / self.start_ref_speedup
@@ -177,15 +185,21 @@ class Optimizer:
         )
         self.tried: set[tuple[str, str]] = set()  # (strategy, code) pairs already evaluated
         # strategies that failed in this run (or, excluded, in earlier ones): not again
+        self.start_source = start_source  # what the steps start from (the translation's)
         self.failed: dict[str, Status | str] = dict.fromkeys(config.exclude, EXCLUDED)
 
     # -- the loop -------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        start = self._translate() if not self.result.best_source else self._start()
+        try:
+            start = self._translate() if not self.result.best_source else self._start()
+        except RunStopped as stop:  # the translation's verdict said nothing about it
+            self.result.stopped = str(stop)
+            return self.result
         if start is None:
             return self.result
         self.result.start_verdict = start.to_json()
+        self.start_source = self.result.best_source
         self.result.best_correct = start.correct
         if start.note:
             self.result.note = CORRECTNESS_ONLY
@@ -208,6 +222,8 @@ class Optimizer:
                 break
             self.result.steps.append(record)
             self.persist()
+        self._duel_start()
+        self.persist()
         return self.result
 
     def _step(self, step: int) -> Step | None:
@@ -225,15 +241,21 @@ class Optimizer:
         self._phase(step, "generate", g, local_id)
         made = self._implement(step, graph.locals[local_id], current, g, local_id)
         candidate, verdict = made.code, made.verdict
+        versus_best: dict[str, Any] = {}
         if candidate is None or verdict is None:
             verdict_json: dict[str, Any] = {"compiled": False, "correct": False, "error": None}
             status, speedup_vs_best = Status.NO_CODE, None
         else:
             verdict_json = verdict.to_json()
             status, speedup_vs_best = self._status(verdict)
+            if status == Status.IMPROVED and self.result.best_ref_speedup is not None:
+                status, speedup_vs_best, versus_best = self._settle(step, candidate, g, local_id)
             if status == Status.IMPROVED:
                 self.result.best_ref_speedup = verdict.speedup
-                self.result.best_interval = self._interval_over_start(verdict)
+                self.result.best_over_start = self.result.best_interval = None
+                if versus_best and self.result.best_source == self.start_source:
+                    self.result.best_over_start = versus_best["speedup"]
+                    self.result.best_interval = (versus_best["low"], versus_best["high"])
             if status == Status.IMPROVED or (verdict.correct and verdict.note):
                 # an untimed run (Triton under its interpreter) goes on from correct code
                 self.result.best_source, self.result.best_step = candidate, step
@@ -255,6 +277,7 @@ class Optimizer:
             prompt_tokens=_input_tokens(made),
             note=made.note,
             llm=made.llm,
+            versus_best=versus_best,
         )
         self.emit(record)
         return record
@@ -265,6 +288,8 @@ class Optimizer:
         if start.error and start.error.kind in UNRUNNABLE:
             self.result.start_verdict = start.to_json()
             self.result.stopped = f"cannot run the starting implementation: {start.error.message}"
+            if start.error.kind == REFERENCE_ERROR:
+                self.result.stopped = _stopped_by(start)
             return None
         return start
 
@@ -362,7 +387,7 @@ class Optimizer:
         def measure(code: str) -> Verdict:
             verdict = self._measure(step, code, g, local_id)
             if verdict.error and verdict.error.kind in UNRUNNABLE:
-                raise RunStopped(verdict.error.kind)
+                raise RunStopped(_stopped_by(verdict))
             return verdict
 
         return measure
@@ -391,6 +416,27 @@ class Optimizer:
             use_cache=use_cache,
             cancel=self.cancel,
             on_phase=on_phase,
+        )
+
+    def _settle(
+        self, step: int, candidate: str, g: str, local_id: str
+    ) -> tuple[Status, float | None, dict[str, Any]]:
+        """An apparent win, timed in pairs against the best so far: improved only when the
+        lower end of that interval clears the improve margin."""
+        self._phase(step, "confirm", g, local_id)
+        duel = self._compare(candidate, self.result.best_source)
+        if not duel.correct or not duel.interval:  # it passed once: flaky or stateful
+            kind = duel.error.kind if duel.error else ""
+            return FAILED_KINDS.get(kind, Status.INCORRECT), None, {"error": kind}
+        low, high = duel.interval["low"], duel.interval["high"]
+        confirmed = low >= self.config.improve_margin and usable_as_baseline(duel)
+        status = Status.IMPROVED if confirmed else Status.NOT_IMPROVED
+        summary = {"speedup": duel.speedup, "low": low, "high": high, "confirmed": confirmed}
+        return status, duel.speedup, summary
+
+    def _compare(self, candidate: str, incumbent: str) -> Verdict:
+        return compare(
+            self.task, candidate, incumbent, device=self.config.device, cancel=self.cancel
         )
 
     def _status(self, verdict: Verdict) -> tuple[Status, float | None]:
@@ -436,13 +482,17 @@ class Optimizer:
             return None
         return float(ref) / start
 
-    def _interval_over_start(self, verdict: Verdict) -> tuple[float, float] | None:
-        """Bounds of the candidate's speedup over the start from the two intervals against
-        the reference, each at its most unfavourable end (so at least 90 % jointly)."""
-        start = self.result.start_verdict.get("interval") or {}
-        if not (verdict.interval and start.get("low") and start.get("high")):
-            return None
-        return verdict.interval["low"] / start["high"], verdict.interval["high"] / start["low"]
+    def _duel_start(self) -> None:
+        """The run's claim over its start: the best, when it was not settled against the
+        start itself, timed in pairs against it."""
+        done = self.result.best_step == 0 or self.result.best_over_start is not None
+        if done or self.result.best_ref_speedup is None or self.cancel.is_set():
+            return
+        self._phase(self.config.steps, "confirm")
+        duel = self._compare(self.result.best_source, self.start_source)
+        if duel.correct and duel.interval:
+            self.result.best_over_start = duel.speedup
+            self.result.best_interval = (duel.interval["low"], duel.interval["high"])
 
     def _feedback_text(self) -> str:
         if not self.result.steps:
@@ -460,6 +510,14 @@ class Optimizer:
 
     def persist(self) -> None:
         self.store.put(TRAJECTORIES, self.result.run_id, self.result.to_json())
+
+
+def _stopped_by(verdict: Verdict) -> str:
+    """Why a verdict stops the run: its kind, and for a failing reference what failed."""
+    assert verdict.error is not None
+    if verdict.error.kind == REFERENCE_ERROR:
+        return f"{REFERENCE_ERROR}: {verdict.error.message}"
+    return verdict.error.kind
 
 
 def _restrict_to_applicable(graph: Graph, applicable: dict[str, str | None]) -> Graph:

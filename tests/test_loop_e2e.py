@@ -78,6 +78,15 @@ def test_offline_run_learns_from_real_outcomes(task: Path, tmp_path: Path) -> No
     for step in result["steps"]:
         assert learned[step["local"]] >= 1
     assert sum(learned.values()) == len(result["steps"])
+    for step in result["steps"]:  # a win is one only when paired timing against the best says so
+        duel = step["versus_best"]
+        if step["status"] == "improved":
+            assert duel["confirmed"] and duel["low"] >= 1.02, duel
+        elif duel:
+            assert not duel.get("confirmed"), duel
+    if result["best_step"]:
+        low, high = result["best_interval"]
+        assert low <= result["best_speedup"] <= high
     out = Path(result["output_dir"])
     table_lines = (out / "report.md").read_text().count("\n| ")
     assert table_lines == len(result["steps"]) + 2  # header, rule, one row a step

@@ -176,15 +176,20 @@ class Call:
         return self.wall_ms - self.stolen_ms
 
 
-def samples(calls: dict[str, list[Call]]) -> tuple[list[float], list[float], float]:
+def samples(
+    calls: dict[str, list[Call]], trusted_marks: bool = True
+) -> tuple[list[float], list[float], float]:
     """Milliseconds per timed call (warm-up dropped): each side is charged its own time
     (wall less what neighbours took) less the harness's share of a call (staging,
     copying the outputs out, waking up): the lower quartile over the reference's calls
     of wall minus marked time (a neighbour's slice can fall inside the marks or outside,
-    and the calls it missed show the harness alone). Work a candidate defers past
-    `done` is still counted."""
+    and the calls it missed show the harness alone); none when the reference side's
+    marks are not to be believed (it holds another candidate). Work a candidate defers
+    past `done` is still counted."""
     reference = calls["reference"][WARMUP:]
-    share = _lower_quartile([c.wall_ms - c.marked_ms for c in reference]) if reference else 0.0
+    share = 0.0
+    if reference and trusted_marks:
+        share = _lower_quartile([c.wall_ms - c.marked_ms for c in reference])
     return (
         [max(c.own_ms - share, _FLOOR_MS) for c in reference],
         [max(c.own_ms - share, _FLOOR_MS) for c in calls["candidate"][WARMUP:]],
@@ -273,6 +278,9 @@ class Judge:
         self.verify = Checks(_VERIFY_CHECKS)
         self.timing = Checks(_TIMING_CHECKS)
         self.accounting: dict[str, float] = {}
+        # Comparing two candidates: the reference side holds the incumbent (untrusted,
+        # already verified), and timed outputs are judged against the reference itself.
+        self.compare = bool(job.get("compare"))
 
     # the caller's channel -------------------------------------------------------------
     def emit(self, **event: Any) -> None:
@@ -308,7 +316,7 @@ class Judge:
         torch.set_num_threads(self.job["threads"])
         torch.manual_seed(self.job["init_seed"])
         init = list(self.reference.get_init_inputs())
-        model = self._model(init)
+        model = self.model = self._model(init)
         count = self.job["input_sets"]
         has_alt = hasattr(self.reference, "get_inputs_alt")
         self.sets = [self._make_inputs(has_alt and i == count - 1) for i in range(count)]
@@ -521,11 +529,13 @@ class Judge:
                 if judged:
                     got[role] = self.outputs(self.sides[role], items)
             if judged:
+                if self.compare:  # the incumbent's outputs are no standard
+                    got["reference"] = self._run_model(self.model, inputs, seed)
                 self._judge_timed(k, inputs, got)
             if final:
                 break
         self.accounting = accounting_summary(calls)
-        return samples(calls)
+        return samples(calls, trusted_marks=not self.compare)
 
     def _limit(self, calls: dict[str, list[Call]]) -> float:
         if not calls["reference"]:
@@ -546,7 +556,7 @@ class Judge:
             return True
         if done % CHECK_EVERY:
             return False
-        reference, candidate, _ = samples(calls)
+        reference, candidate, _ = samples(calls, trusted_marks=not self.compare)
         interval = stats.paired_speedup(reference, candidate, resamples=STOP_RESAMPLES)
         return interval.narrow(self.job["target_half_width"])
 

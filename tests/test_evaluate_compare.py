@@ -1,0 +1,59 @@
+"""`evaluate.compare`: a candidate timed in pairs against an incumbent, judged against the
+reference. The incumbent sits where the reference's worker was, so it must get no say
+over the candidate's correctness, and its own marks must not shape the candidate's time."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from htam_engine.evaluate.runner import compare
+from htam_engine.task import load_task
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+NAIVE = (ROOT / "examples" / "softmax" / "cpu_naive.py").read_text()
+
+
+def _with_forward_prefix(source: str, line: str) -> str:
+    """`source` whose forward first runs `line` (the incumbent's handicap or sabotage)."""
+    head = "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+    assert head in source
+    return source.replace(head, head + f"        {line}\n")
+
+
+@pytest.fixture
+def task_path(tmp_path: Path) -> Path:
+    folder = tmp_path / "softmax"
+    shutil.copytree(ROOT / "examples" / "softmax", folder)
+    return folder / "cpu_naive.py"
+
+
+def test_the_same_code_compares_as_even(task_path: Path) -> None:
+    verdict = compare(load_task(task_path), NAIVE, NAIVE, device="cpu")
+    assert verdict.correct, verdict.error
+    assert 0.8 < verdict.speedup < 1.25  # type: ignore[operator]
+    assert verdict.interval["low"] <= verdict.speedup <= verdict.interval["high"]
+
+
+def test_a_slower_incumbent_makes_the_candidate_faster(task_path: Path) -> None:
+    slower = _with_forward_prefix(NAIVE, "__import__('time').sleep(0.01)")
+    verdict = compare(load_task(task_path), NAIVE, slower, device="cpu")
+    assert verdict.correct, verdict.error
+    assert verdict.interval["low"] > 1.5, verdict.interval
+
+
+def test_a_wrong_incumbent_is_no_standard_for_the_candidate(task_path: Path) -> None:
+    """Timed outputs are judged against the reference: a correct candidate stays correct
+    next to an incumbent that returns zeros, and a wrong one is caught even when it
+    agrees with that incumbent."""
+    zeros = _with_forward_prefix(NAIVE, "return torch.zeros_like(x)")
+    task = load_task(task_path)
+    honest = compare(task, NAIVE, zeros, device="cpu")
+    assert honest.correct, honest.error
+    wrong = compare(task, zeros, zeros, device="cpu")
+    assert not wrong.correct
+    assert wrong.error is not None and wrong.error.kind == "incorrect"
