@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,8 @@ def markdown_report(result: RunResult) -> str:
         "",
         f"- backend: {result.backend}; provider: {result.provider}; stopped: {result.stopped}",
         f"- starting implementation: {format_speedup(result.start_ref_speedup)} vs PyTorch",
-        f"- best (step {result.best_step}): {format_speedup(result.best_speedup)} over the start, "
+        f"- best (step {result.best_step}): "
+        f"{format_bounded(result.best_speedup, result.best_interval)} over the start, "
         f"{format_speedup(result.best_ref_speedup)} vs PyTorch",
         "",
         "| step | direction | strategy | reason | outcome | vs start | vs PyTorch | runtime ms |",
@@ -72,12 +74,19 @@ def format_speedup(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
+def format_bounded(value: float | None, bounds: Sequence[float] | None) -> str:
+    """A speedup with its 95 % bounds where it has them: "1.06x (95 % 1.02-1.10)"."""
+    if value is None or not bounds:
+        return format_speedup(value)
+    return f"{value:.2f}x (95 % {bounds[0]:.2f}-{bounds[1]:.2f})"
+
+
 def format_interval(verdict: dict[str, Any]) -> str:
     """A timed verdict's speedup over PyTorch with its 95 % interval and flags:
     "1.46x (95 % 1.41-1.52)", "... noisy", "... suspect"; "-" when not timed."""
     interval = verdict.get("interval") or {}
     if not verdict.get("correct") or not interval:
         return "-"
-    text = f"{interval['estimate']:.2f}x (95 % {interval['low']:.2f}-{interval['high']:.2f})"
+    text = format_bounded(interval["estimate"], (interval["low"], interval["high"]))
     flags = [name for name in ("noisy", "suspect") if verdict.get(name)]
     return " ".join([text, *flags])
