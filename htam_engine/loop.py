@@ -61,6 +61,7 @@ class LoopConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     improve_margin: float = IMPROVE_MARGIN
     candidates: int = 1  # LLM answers per step (best-of-k)
+    use_cache: bool = True  # False: no verdict is read from the cache (all are written)
     exclude: tuple[str, ...] = ()  # strategies (local ids) never chosen: failed in earlier runs
 
 
@@ -413,7 +414,7 @@ class Optimizer:
             self.task,
             source,
             device=self.config.device,
-            use_cache=use_cache,
+            use_cache=use_cache and self.config.use_cache,
             cancel=self.cancel,
             on_phase=on_phase,
         )

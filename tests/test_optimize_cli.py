@@ -47,3 +47,22 @@ def test_bad_llm_bounds_are_user_errors_in_one_json_document(tmp_path: Path) -> 
         done = optimize(task, "--provider", "offline", *flags)
         assert done.returncode == 2
         assert json.loads(done.stdout)["error"]["kind"] == "user_error"
+
+
+def test_no_cache_times_the_start_afresh(tmp_path: Path) -> None:
+    """With the start's verdict in the cache (an `htam eval` put it there), --no-cache
+    still times the start again."""
+    folder = tmp_path / "softmax"
+    shutil.copytree(ROOT / "examples" / "softmax", folder)
+    task, reference = folder / "cpu_naive.py", folder / "reference.py"
+    env = {**os.environ, "HTAM_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "htam_engine.cli", "eval", str(reference), str(task), "--json"]
+    for _ in range(2):
+        verdict = json.loads(
+            subprocess.run(command, capture_output=True, text=True, env=env).stdout
+        )
+    assert verdict["cached"] or not verdict["converged"], "a settled verdict is read back"
+    flags = ["--provider", "offline", "--device", "cpu", "--steps", "1", "--no-cache"]
+    done = optimize(task, *flags, "--output", str(tmp_path / "out"), env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["start_verdict"]["cached"] is False
