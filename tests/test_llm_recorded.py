@@ -179,6 +179,8 @@ def test_measure_counts_the_recorded_answers(capsys: pytest.CaptureFixture[str])
     assert report["choices"] == len(CHOICES)
     assert report["code_answers"] == len(CODE)
     assert report["code_used"] + sum(report["rejected"].values()) == len(CODE)
+    assert report["valid_forms"].get("prompted") == 0, "no prompted recorded choice is valid"
+    assert report["valid_forms"].get("json_grammar") == len(GRAMMAR_CHOICES)
     empty = sum(not e["text"].strip() for _, e in CODE)
     assert empty >= 1 and report["rejected"].get("empty answer") == empty
     assert report["output_tokens"] == sum(
@@ -249,6 +251,8 @@ def test_the_grammar_cassette_meets_the_issue_bar() -> None:
     assert report.valid_choices >= 0.9 * report.choices
     assert report.valid_first_object == report.valid_choices  # nothing echoed first
     assert report.choice_forms == {"json_grammar": report.choices}
+    assert report.valid_forms == {"json_grammar": report.valid_choices}
+    assert f"json_grammar {report.valid_choices}/{report.choices}" in report.lines()[1]
     assert report.code_used + sum(report.rejected.values()) == report.code_answers
     assert all(reason for reason in report.rejected)
 

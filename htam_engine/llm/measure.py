@@ -36,6 +36,7 @@ class Report:
     valid_choices: int = 0
     valid_first_object: int = 0
     choice_forms: Counter[str] = field(default_factory=Counter)
+    valid_forms: Counter[str] = field(default_factory=Counter)  # valid choices per form
     code_answers: int = 0
     code_used: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
@@ -61,7 +62,9 @@ class Report:
         form = str(entry.get("form") or "prompted")
         self.choices += 1
         self.choice_forms[form] += 1
-        self.valid_choices += parse_choice(entry["text"], offered, form) is not None
+        valid = parse_choice(entry["text"], offered, form) is not None
+        self.valid_choices += valid
+        self.valid_forms[form] += valid
         first = (extract_json(entry["text"]) or {}).get("local")
         self.valid_first_object += isinstance(first, str) and first in offered
 
@@ -77,7 +80,11 @@ class Report:
             self.rejected[answer.reason.split(" (")[0]] += 1
 
     def to_json(self) -> dict[str, Any]:
-        counts = {"choice_forms": dict(self.choice_forms), "rejected": dict(self.rejected)}
+        counts = {
+            "choice_forms": dict(self.choice_forms),
+            "valid_forms": dict(self.valid_forms),
+            "rejected": dict(self.rejected),
+        }
         return {**{k: v for k, v in vars(self).items() if k not in counts}, **counts}
 
     def lines(self) -> list[str]:
@@ -85,6 +92,11 @@ class Report:
             f"choices: {self.valid_choices}/{self.choices} valid "
             f"(first-object reading: {self.valid_first_object}/{self.choices}); "
             f"forms: {dict(self.choice_forms)}",
+            "valid by form: "
+            + (
+                ", ".join(f"{f} {self.valid_forms[f]}/{n}" for f, n in self.choice_forms.items())
+                or "no choices"
+            ),
             f"code answers: {self.code_used}/{self.code_answers} used, the rest rejected:",
             *(f"  {count} x {reason}" for reason, count in self.rejected.most_common()),
             f"output tokens: {self.output_tokens}",
