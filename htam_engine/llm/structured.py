@@ -2,10 +2,10 @@
 
 The schema's enum holds only the runnable strategy ids, so a provider that constrains
 its output (Anthropic tool use, OpenAI json_schema, llama.cpp's schema grammar) cannot
-name anything else. For the
-looser forms (json_object, prompted JSON) the parser reads every JSON object in the
-answer and takes the LAST one that names a runnable id: a model that first echoes the
-prompt's template (`{"local": "<id>"}`) and then answers is read by its answer.
+name anything else. For the looser forms (json_object, prompted JSON) the parser reads
+every JSON object in the answer and takes the LAST one that names a runnable id: a model
+that first echoes the prompt's template (`{"local": "<id>"}`) and then answers is read
+by its answer.
 """
 
 from __future__ import annotations
@@ -46,9 +46,8 @@ def bounded_strings(schema: dict[str, Any], max_chars: int) -> dict[str, Any]:
     bound gets `maxLength: max_chars` (for a grammar, which then must close the string;
     OpenAI's strict json_schema is sent the schema as it is)."""
     bounded = dict(schema)
-    if bounded.get("type") == "string" and not {"enum", "const", "pattern", "maxLength"} & set(
-        bounded
-    ):
+    already = {"enum", "const", "pattern", "maxLength"} & set(bounded)
+    if bounded.get("type") == "string" and not already:
         bounded["maxLength"] = max_chars
     for key in ("properties", "$defs", "definitions"):
         if isinstance(bounded.get(key), dict):
