@@ -1,0 +1,120 @@
+"""The kernel's books (`accounting`): what a neighbour took is taken off, what the worker's
+own threads ran is not, and a task that came and went makes the books say nothing.
+
+Real processes pinned to one core, read through /proc as the judge reads them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from htam_engine.evaluate import accounting
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"),
+    reason="this kernel keeps no per-thread scheduler statistics (CONFIG_SCHED_INFO)",
+)
+
+CORE = min(os.sched_getaffinity(0))
+WORK_S = 0.3
+# One target process on CORE: on each stdin line it works WORK_S, then prints "done".
+# alone: the main thread spins; helper: a thread started at once spins for ever and the
+# main thread yields to it while it "waits" (hiding work in the main thread's wait);
+# fork: a child process spins and exits during the call.
+TARGET = f"""
+import os, sys, threading, time
+os.sched_setaffinity(0, {{{CORE}}})
+mode = sys.argv[1]
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+if mode == "helper":
+    threading.Thread(target=spin, args=(3600,), daemon=True).start()
+print("ready", flush=True)
+for line in sys.stdin:
+    end = time.monotonic() + {WORK_S}
+    if mode == "fork":
+        child = os.fork()
+        if child == 0:
+            spin({WORK_S} / 2)
+            os._exit(0)
+        os.waitpid(child, 0)
+    while time.monotonic() < end:
+        os.sched_yield() if mode == "helper" else None
+    print("done", flush=True)
+"""
+
+
+@contextmanager
+def target(mode: str) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TARGET, mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def one_call(proc: subprocess.Popen[str]) -> tuple[accounting.Books | None, ...]:
+    """The books around one call of `proc` (a task another test process starts may
+    spoil one reading: three tries)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    readings: tuple[accounting.Books | None, ...] = ()
+    for _ in range(3):
+        before = accounting.read(proc.pid, [proc.pid])
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        readings = (before, accounting.read(proc.pid, [proc.pid]))
+        if accounting.stolen_ms(*readings) is not None:
+            break
+    return readings
+
+
+@contextmanager
+def neighbour() -> Iterator[None]:
+    code = f"import os\nos.sched_setaffinity(0, {{{CORE}}})\nwhile True: pass"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    time.sleep(0.2)
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_what_a_neighbour_ran_is_taken_off() -> None:
+    with target("alone") as proc, neighbour():
+        before, after = one_call(proc)
+    stolen = accounting.stolen_ms(before, after)
+    assert stolen is not None and stolen > 0.25 * WORK_S * 1e3, stolen
+
+
+def test_work_hidden_in_the_workers_own_threads_is_still_charged() -> None:
+    with target("helper") as proc:
+        before, after = one_call(proc)
+    assert before is not None and after is not None
+    waited_ms = (after.main_wait_ns - before.main_wait_ns) / 1e6
+    assert waited_ms > 0.25 * WORK_S * 1e3, "the main thread waited while its helper ran"
+    stolen = accounting.stolen_ms(before, after)
+    assert stolen is not None and stolen < 0.1 * WORK_S * 1e3, (stolen, waited_ms)
+
+
+def test_a_process_that_came_and_went_leaves_the_books_silent() -> None:
+    with target("fork") as proc:
+        before, after = one_call(proc)
+    assert before is not None and after is not None
+    assert accounting.stolen_ms(before, after) is None
