@@ -426,9 +426,12 @@ class Optimizer:
         lower end of that interval clears the improve margin."""
         self._phase(step, "confirm", g, local_id)
         duel = self._compare(candidate, self.result.best_source)
-        if not duel.correct or not duel.interval:  # it passed once: flaky or stateful
+        if not duel.correct or not duel.interval:
+            # it passed once: the candidate or the incumbent is flaky; only deception is
+            # the candidate's for certain
             kind = duel.error.kind if duel.error else ""
-            return FAILED_KINDS.get(kind, Status.INCORRECT), None, {"error": kind}
+            status = Status.CHEATING if kind == Status.CHEATING.value else Status.NOT_IMPROVED
+            return status, None, {"error": kind}
         low, high = duel.interval["low"], duel.interval["high"]
         confirmed = low >= self.config.improve_margin and usable_as_baseline(duel)
         status = Status.IMPROVED if confirmed else Status.NOT_IMPROVED

@@ -365,6 +365,10 @@ class Judge:
         try:
             event = side.child.wait_for(wanted, limit_s, phase, threading.Event(), unasked)
         except Stop as stop:
+            if side.role == "reference" and self.compare:  # not the reference's fault
+                raise Stop(
+                    "runtime_error", f"the incumbent failed: {stop.message}", stop.log
+                ) from None
             if side.role == "reference" and stop.kind not in ("timeout", "cheating"):
                 message = f"the reference failed: {stop.message}"
                 raise Stop("reference_error", message, stop.log) from None
