@@ -316,7 +316,7 @@ def suggestion_facts(record: sg.StepRecord) -> dict[str, Any]:
         "n": record.n,
         "globalId": step.global_id,
         "localId": step.local_id,
-        "speedup": step.speedup,
+        "speedup": record.speedup,
         "speedupLow": record.low,
         "speedupHigh": record.high,
         "refSpeedup": step.ref_speedup,

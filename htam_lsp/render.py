@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import events
-from htam_engine.report import format_interval, format_speedup
+from htam_engine.report import format_bounded, format_speedup
 from htam_lsp.suggestions import StepRecord
 
 DIFF_LINES = 80
@@ -36,11 +36,10 @@ NO_INTERVAL = "no interval"
 def interval_text(record: StepRecord) -> str:
     """`1.46x (95 % 1.41-1.52)` by the engine's one formatter, or `1.46x (no interval)`
     where the engine gave no bounds (then the threshold judges the estimate)."""
-    bounds, speedup = record.bounds, record.step.speedup
+    bounds, speedup = record.bounds, record.speedup
     if bounds is None or speedup is None:
         return f"{format_speedup(speedup)} ({NO_INTERVAL})"
-    interval = {"estimate": speedup, "low": bounds[0], "high": bounds[1]}
-    return format_interval({"correct": True, "interval": interval})
+    return format_bounded(speedup, bounds)
 
 
 def gain_text(record: StepRecord) -> str:
@@ -94,7 +93,7 @@ def best_lens_title(
 
 def best_slower(records: Sequence[StepRecord]) -> StepRecord | None:
     """The measured candidate that came closest to being offered."""
-    return max(records, key=lambda r: (r.judged or 0.0, r.step.speedup or 0.0), default=None)
+    return max(records, key=lambda r: (r.judged or 0.0, r.speedup or 0.0), default=None)
 
 
 def _cell(text: Any) -> str:
@@ -185,7 +184,7 @@ def history_table(graph: Any, history: Sequence[StepRecord], last: int = 10) -> 
     for record in history[-last:]:
         step = record.step
         when = datetime.fromtimestamp(record.time).strftime("%m-%d %H:%M")
-        gain = format_speedup(step.speedup if step.correct else None)
+        gain = format_speedup(record.speedup if step.correct else None)
         if step.correct and record.bounds is not None:
             gain = interval_text(record)
         lines.append(
@@ -263,7 +262,7 @@ def results_markdown(graph: Any, parts: ResultsParts, notes: Sequence[str]) -> s
     """Every measured step of the kernel, what can be applied now, and the plot."""
     steps = parts.history
     correct = [r for r in steps if r.step.correct]
-    best = max((r.step.speedup or 0.0 for r in correct), default=None)
+    best = max((r.speedup or 0.0 for r in correct), default=None)
     lines = [f"### HTAM results: `{parts.kernel}`", ""]
     lines.append(
         f"{len(steps)} step(s), {len(correct)} correct, best {format_speedup(best)} over "

@@ -9,10 +9,11 @@ the starting buffer the candidate changes, widened to the kernels it touches. A
 suggestion is offered while the document still holds that text exactly once, so edits
 elsewhere in the file keep it; an edit of the kernel itself drops it (and hover says so).
 
-A record also keeps the 95 % bounds of its speedup over the code its job started from
-(from the run's `Result`, see `run_bounds`): a suggestion is offered only when the lower
-bound clears the threshold. And it keeps a hash of that starting code, so that a strategy
-that failed on this code in one job is excluded from the next (`failed_strategies`).
+A record also keeps the engine's paired measurement of its speedup over the code its job
+started from, with its 95 % bounds (the run's `Result`, for its best step): a suggestion
+with bounds is offered only when the lower bound clears the threshold. And it keeps a
+hash of that starting code, so that a strategy that failed on this code in one job is
+excluded from the next (`failed_strategies`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ VERDICT_KEYS = (
     "cached",
     "sandbox",
     "note",
-    "interval",  # vs PyTorch: with the run's bounds it gives each step's bounds over the start
 )
 # Edits whose result holds only on this machine or changes floating-point results.
 NON_PORTABLE = {
@@ -81,7 +81,8 @@ class StepRecord:
     time: float
     anchor: Anchor | None = None  # set for a correct candidate that changes something
     start: str = ""  # `text_hash` of the code its job started from
-    low: float | None = None  # the 95 % bounds of `step.speedup` (None: no interval)
+    paired: float | None = None  # the speedup over the start timed in pairs (the Result's)
+    low: float | None = None  # its 95 % bounds (None: no interval)
     high: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -91,6 +92,7 @@ class StepRecord:
             "time": self.time,
             "anchor": anchor,
             "start": self.start,
+            "paired": self.paired,
             "low": self.low,
             "high": self.high,
             "event": events.to_json(self.step),
@@ -105,9 +107,9 @@ class StepRecord:
             anchor = Anchor(str(raw["old"]), str(raw["new"])) if raw else None
             if not isinstance(step, events.Step):
                 raise events.EventError("not a step event")
-            low, high = _number(data.get("low")), _number(data.get("high"))
+            paired, low, high = (_number(data.get(k)) for k in ("paired", "low", "high"))
             start = str(data.get("start") or "")
-            return cls(int(data["n"]), step, float(data["time"]), anchor, start, low, high)
+            return cls(int(data["n"]), step, float(data["time"]), anchor, start, paired, low, high)
         except (KeyError, TypeError, ValueError) as error:
             log.info("skipped an HTAM step record this version cannot read: %s", error)
             return None
@@ -115,9 +117,15 @@ class StepRecord:
     # --- the verdict's numbers ----------------------------------------------------------
 
     @property
+    def speedup(self) -> float | None:
+        """Over the code its job started from: timed in pairs against it where the engine
+        did (the run's best), else the ratio of the two speedups over PyTorch."""
+        return self.paired if self.paired is not None else self.step.speedup
+
+    @property
     def bounds(self) -> tuple[float, float] | None:
-        """The 95 % interval of the speedup over the start, when the engine gave one."""
-        if self.low is None or self.high is None or self.step.speedup is None:
+        """The 95 % interval of `speedup`, when the engine gave one."""
+        if self.low is None or self.high is None or self.speedup is None:
             return None
         return self.low, self.high
 
@@ -125,7 +133,7 @@ class StepRecord:
     def judged(self) -> float | None:
         """What the threshold is compared with: the lower bound, else the estimate."""
         bounds = self.bounds
-        return bounds[0] if bounds is not None else self.step.speedup
+        return bounds[0] if bounds is not None else self.speedup
 
     @property
     def failed(self) -> bool:
@@ -140,7 +148,7 @@ class StepRecord:
     @property
     def start_ms(self) -> float | None:
         """The starting code's runtime: the candidate's times its speedup over it."""
-        ms, gain = self.runtime_ms, self.step.speedup
+        ms, gain = self.runtime_ms, self.speedup
         return ms * gain if ms is not None and gain is not None else None
 
     @property
@@ -185,37 +193,16 @@ def failed_strategies(history: Sequence[StepRecord], text: str) -> list[str]:
 
 def run_bounds(
     result: events.Result, steps: Sequence[StepRecord]
-) -> dict[int, tuple[float, float]]:
-    """The 95 % bounds over the start of each timed step of one run (record n -> bounds).
-
-    The engine gives the bounds of its best step (`best_low`, `best_high`): the best
-    candidate's interval against PyTorch over the start's interval, each at its most
-    unfavourable end. The start's interval follows from them; every other step's bounds
-    are its own interval over that same start interval, the same rule."""
-    if result.best_low is None or result.best_high is None:
+) -> dict[int, tuple[float, float, float]]:
+    """The engine's word on one run's best step (record n -> (speedup, low, high)): its
+    speedup over the start, timed in pairs, with the 95 % bounds. The run's other steps
+    were never timed against the start: they have no interval."""
+    if result.best_speedup is None or result.best_low is None or result.best_high is None:
         return {}
     best = next((r for r in steps if r.step.step == result.best_step and r.step.correct), None)
     if best is None:
         return {}
-    found = {best.n: (result.best_low, result.best_high)}
-    interval = _interval(best)
-    if interval is None or result.best_low <= 0 or result.best_high <= 0:
-        return found
-    start_high, start_low = interval[0] / result.best_low, interval[1] / result.best_high
-    for record in steps:
-        own = _interval(record)
-        if record.n != best.n and own is not None and record.step.speedup is not None:
-            found[record.n] = (own[0] / start_high, own[1] / start_low)
-    return found
-
-
-def _interval(record: StepRecord) -> tuple[float, float] | None:
-    """A correct step's 95 % interval against PyTorch (low, high), when it was timed."""
-    raw = record.step.verdict.get("interval")
-    if not record.step.correct or not isinstance(raw, dict):
-        return None
-    low, high = _number(raw.get("low")), _number(raw.get("high"))
-    return (low, high) if low and high else None
+    return {best.n: (result.best_speedup, result.best_low, result.best_high)}
 
 
 def trimmed(step: events.Step) -> events.Step:
@@ -312,7 +299,7 @@ def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
         if at < 0 or text.find(record.anchor.old, at + 1) >= 0:
             (applied if record.anchor.new in text else dropped).append(record)
             continue
-        if record.step.speedup is None:
+        if record.speedup is None:
             untimed.append(record)  # e.g. Triton's interpreter: correct, never timed
             continue
         judged = record.judged
@@ -374,10 +361,13 @@ class SuggestionStore:
         record = StepRecord(number, trimmed(step), time.time(), anchor, start)
         return self._keep(uri, [*history, record][-HISTORY_LIMIT:])
 
-    def bound(self, uri: str, bounds: dict[int, tuple[float, float]]) -> Future[None]:
-        """Set the 95 % bounds of records (n -> (low, high)) once their run has ended."""
+    def bound(self, uri: str, bounds: dict[int, tuple[float, float, float]]) -> Future[None]:
+        """Set records' paired speedups and bounds (n -> (speedup, low, high)) once their
+        run has ended."""
         history = [
-            replace(r, low=bounds[r.n][0], high=bounds[r.n][1]) if r.n in bounds else r
+            replace(r, paired=bounds[r.n][0], low=bounds[r.n][1], high=bounds[r.n][2])
+            if r.n in bounds
+            else r
             for r in self.history(uri)
         ]
         return self._keep(uri, history)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from htam_engine import events
+from htam_lsp import render
 from htam_lsp import suggestions as sg
 from htam_lsp.actions import _minimal_change, map_line
 from htam_lsp.jobs import Job, ending
@@ -167,30 +167,27 @@ def test_titles_label_non_portable_edits_first_and_say_only_what_the_name_does_n
     assert not _said("restrict_pointers", name)
 
 
-def test_each_step_of_a_run_gets_its_bounds_over_the_start_from_the_result():
-    """The engine bounds its best step (its interval vs PyTorch over the start's, each at
-    its unfavourable end); the start's interval follows, and so does every other step's."""
+def test_the_runs_best_step_takes_the_engines_paired_speedup_and_bounds():
+    """The engine times its best against the start in pairs: that speedup and its 95 %
+    bounds replace the best step's ratio estimate; the other steps have no interval."""
 
-    def timed(n: int, ref: float, low: float, high: float) -> sg.StepRecord:
-        verdict = {
-            "compiled": True,
-            "correct": True,
-            "speedup": ref,
-            "interval": {"estimate": ref, "low": low, "high": high},
-        }
-        step = events.Step(n, "g", f"l{n}", "", "improved", 0.1, ref / 0.5, verdict=verdict)
-        return sg.StepRecord(10 + n, step, 0.0)
+    def timed(n: int, over_start: float) -> sg.StepRecord:
+        verdict = {"compiled": True, "correct": True, "speedup": over_start / 2}
+        step = events.Step(n, "g", f"l{n}", "", "improved", 0.1, over_start, verdict=verdict)
+        return sg.StepRecord(10 + n, step, 0.0, sg.Anchor("a", "b"))
 
-    steps = [timed(1, 0.575, 0.54, 0.62), timed(2, 0.7, 0.68, 0.72)]
-    result = events.Result("r", "k", True, 1.4, 0.7, 2, "completed", "out", "", 0.68 / 0.52, 1.5)
+    steps = [timed(1, 1.2), timed(2, 1.66)]
+    result = events.Result("r", "k", True, 1.57, 0.8, 2, "completed", "out", "", 1.54, 1.60)
     bounds = sg.run_bounds(result, steps)
-    assert bounds[12] == (0.68 / 0.52, 1.5)
-    assert bounds[11] == pytest.approx((0.54 / 0.52, 0.62 / 0.48))
-    no_interval = events.Result("r", "k", True, 1.4, 0.7, 2, "completed", "out")
+    assert bounds == {12: (1.57, 1.54, 1.60)}
+    no_interval = events.Result("r", "k", True, 1.57, 0.8, 2, "completed", "out")
     assert sg.run_bounds(no_interval, steps) == {}
-    judged = replace(steps[0], low=bounds[11][0], high=bounds[11][1])
-    assert judged.judged == bounds[11][0] and steps[0].judged == steps[0].step.speedup
-    offer = sg.offer([replace(judged, anchor=sg.Anchor("a", "b"))], "xax", 1.1)
+    best = replace(steps[1], paired=1.57, low=1.54, high=1.60)
+    assert (best.speedup, best.judged, steps[0].judged) == (1.57, 1.54, 1.2)
+    assert render.interval_text(best) == "1.57x (95 % 1.54-1.60)"
+    assert render.interval_text(steps[0]) == "1.20x (no interval)"
+    doubtful = replace(steps[0], paired=1.15, low=1.04, high=1.29)
+    offer = sg.offer([doubtful], "xax", 1.1)
     assert offer.suggestions == [] and len(offer.slower) == 1  # 1.15x estimate, 1.04 bound
 
 
