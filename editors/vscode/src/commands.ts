@@ -96,3 +96,25 @@ export function markdownOf(result: unknown): string | undefined {
   const markdown = (result as Record<string, unknown>).markdown;
   return typeof markdown === "string" ? markdown : undefined;
 }
+
+/** The speedup plot a command answered with (`htam.results`): a PNG path, if any. */
+export function plotOf(result: unknown): string | undefined {
+  if (typeof result !== "object" || result === null) {
+    return undefined;
+  }
+  const plot = (result as Record<string, unknown>).plot;
+  return typeof plot === "string" && plot ? plot : undefined;
+}
+
+/**
+ * `markdown` with its plot image inlined as a data URI: the Markdown preview shows it in
+ * any window, remote ones (code-server) included, where a file: link outside the
+ * workspace is not a resource the preview may load.
+ */
+export function withInlinePlot(markdown: string, png: Uint8Array): string {
+  const data = `data:image/png;base64,${Buffer.from(png).toString("base64")}`;
+  return markdown.replace(
+    /!\[([^\]]*)\]\([^)\s]*\.png\)/,
+    (_match, alt: string) => `![${alt}](${data})`,
+  );
+}

@@ -1,4 +1,5 @@
 /** The HTAM extension: starts `htam-lsp`, completes palette commands, shows jobs and trust. */
+import { readFile } from "node:fs/promises";
 import { PythonExtension } from "@vscode/python-extension";
 import * as vscode from "vscode";
 import {
@@ -16,8 +17,10 @@ import {
   type EditorContext,
   isInteractive,
   markdownOf,
+  plotOf,
   SERVER_COMMANDS,
   stepsInputError,
+  withInlinePlot,
 } from "./commands";
 import {
   API_KEY_VARIABLES,
@@ -38,6 +41,7 @@ import {
   PATH_NAMES,
   probeInterpreter,
   SERVER_ARGS,
+  workspaceInterpreters,
 } from "./interpreter";
 import { isTerminal, JobTracker, type JobState, parseJobState, progressMessage } from "./jobs";
 import { MarkdownView } from "./markdownView";
@@ -319,13 +323,23 @@ class Htam implements vscode.Disposable {
     });
   }
 
-  /** A quick pick of the interpreters here, those that can run htam-lsp first. */
+  /**
+   * A quick pick of the interpreters here, those that can run htam-lsp first, and a row to
+   * enter a path. Choosing one that cannot offers to install htam into it.
+   */
   async chooseInterpreter(): Promise<void> {
-    const commands = [...(await this.knownInterpreters()), ...PATH_NAMES];
+    const setting = interpreterSetting();
+    const commands = [
+      ...(setting ? [setting] : []),
+      ...(await this.knownInterpreters()),
+      ...(vscode.workspace.isTrusted ? this.workspaceVenvs() : []),
+      ...PATH_NAMES,
+    ];
     const probed = await Promise.all(
       commands.map(async (command) => ({ command, result: await probeInterpreter(command) })),
     );
-    const rows = interpreterChoices(probed);
+    const enter = { label: ENTER_PATH, description: "a Python that has htam installed", ok: false };
+    const rows = [...interpreterChoices(probed).filter((row) => row.ok || !isMissing(row)), enter];
     const picked = await vscode.window.showQuickPick(rows, {
       title: "HTAM: interpreter for htam-lsp",
       placeHolder: "Interpreters that can import htam_lsp come first",
@@ -333,13 +347,56 @@ class Htam implements vscode.Disposable {
     if (!picked) {
       return;
     }
-    if (!picked.ok) {
-      this.installHere(picked.label);
+    const command = picked === enter ? await this.enterInterpreter() : picked.label;
+    if (!command) {
       return;
     }
+    const ok = picked === enter || picked.ok;
+    if (!ok) {
+      this.installHere(command);
+      return;
+    }
+    // Global: VS Code keeps a machine-overridable setting with the remote machine's
+    // settings in a remote window (code-server), where the server runs.
     const config = vscode.workspace.getConfiguration("htam");
-    await config.update("interpreter", picked.label, vscode.ConfigurationTarget.Global);
-    await this.restart(`interpreter chosen: ${picked.label}`);
+    await config.update("interpreter", command, vscode.ConfigurationTarget.Global);
+    if (interpreterSetting() !== command) {
+      void vscode.window.showWarningMessage(
+        `HTAM: htam.interpreter is still ${interpreterSetting()}: a workspace setting overrides it.`,
+      );
+    }
+    await this.restart(`interpreter chosen: ${command}`);
+  }
+
+  /** An interpreter path typed by the user, if it can run htam-lsp (else says why). */
+  private async enterInterpreter(): Promise<string | undefined> {
+    const typed = await vscode.window.showInputBox({
+      title: "HTAM: interpreter for htam-lsp",
+      prompt: "Path to a Python interpreter that has htam installed",
+      placeHolder: "/path/to/venv/bin/python",
+      ignoreFocusOut: true,
+    });
+    const command = typed?.trim();
+    if (!command) {
+      return undefined;
+    }
+    const result = await probeInterpreter(command);
+    if (result.ok) {
+      return command;
+    }
+    const choice = await vscode.window.showErrorMessage(
+      `HTAM: ${command} cannot run htam-lsp: ${result.detail}`,
+      "Install htam Here",
+    );
+    if (choice) {
+      this.installHere(command);
+    }
+    return undefined;
+  }
+
+  private workspaceVenvs(): string[] {
+    const folders = (vscode.workspace.workspaceFolders ?? []).map((f) => f.uri.fsPath);
+    return workspaceInterpreters(folders, process.platform);
   }
 
   /** A terminal that installs htam into `python` (the user sees and runs pip). */
@@ -446,7 +503,7 @@ class Htam implements vscode.Disposable {
       const result: unknown = await this.client.sendRequest(ExecuteCommandRequest.type, params);
       const markdown = markdownOf(result);
       if (markdown !== undefined) {
-        await this.view.show(markdown);
+        await this.view.show(await this.inlinePlot(markdown, plotOf(result)));
       }
       const notice = alreadyRunning(result);
       if (notice) {
@@ -457,6 +514,19 @@ class Htam implements vscode.Disposable {
       void vscode.window.showErrorMessage(error instanceof Error ? error.message : String(error));
     }
     return undefined;
+  }
+
+  /** The results' plot as a data URI (the server runs where this extension host does). */
+  private async inlinePlot(markdown: string, plot: string | undefined): Promise<string> {
+    if (!plot) {
+      return markdown;
+    }
+    try {
+      return withInlinePlot(markdown, await readFile(plot));
+    } catch (error) {
+      this.log.warn(`The speedup plot ${plot} could not be read: ${String(error)}`);
+      return markdown;
+    }
   }
 
   private onJobState(payload: unknown): void {
@@ -515,6 +585,13 @@ class Htam implements vscode.Disposable {
     this.status.tooltip = view.tooltip;
     this.status.command = view.running ? "htam.cancel" : "htam.showLog";
   }
+}
+
+const ENTER_PATH = "$(folder) Enter interpreter path...";
+
+/** A quick pick row of an interpreter that does not exist here (not worth showing). */
+function isMissing(row: { description: string }): boolean {
+  return row.description.endsWith("the interpreter was not found");
 }
 
 /** An error's message on one line: never a stack trace in a toast (the log has it). */

@@ -151,3 +151,12 @@ export function interpreterChoices(
   }
   return rows.sort((a, b) => Number(b.ok) - Number(a.ok));
 }
+
+/** Virtual environments inside the workspace folders (used only in a trusted workspace). */
+export function workspaceInterpreters(folders: string[], platform: NodeJS.Platform): string[] {
+  const [bin, exe] = platform === "win32" ? ["Scripts", "python.exe"] : ["bin", "python"];
+  const sep = platform === "win32" ? "\\" : "/";
+  return folders.flatMap((folder) =>
+    [".venv", "venv", "env"].map((name) => [folder, name, bin, exe].join(sep)),
+  );
+}

@@ -6,7 +6,9 @@ import {
   commandArguments,
   isInteractive,
   markdownOf,
+  plotOf,
   stepsInputError,
+  withInlinePlot,
 } from "../src/commands";
 
 const editor = { uri: "file:///w/k.py", position: { line: 3, character: 4 }, steps: 6 };
@@ -68,4 +70,19 @@ test("a second step on a busy file is explained, other results are not", () => {
   );
   assert.equal(alreadyRunning({ jobId: "j4", state: "queued" }), undefined);
   assert.equal(alreadyRunning("x"), undefined);
+});
+
+test("the results' plot is inlined as a data URI, so any preview (remote too) shows it", () => {
+  const markdown = "### HTAM results\n\n![speedup per step](file:///h/lsp-runs/j/speedup.png)\n";
+  assert.equal(
+    plotOf({ markdown, plot: "/h/lsp-runs/j/speedup.png" }),
+    "/h/lsp-runs/j/speedup.png",
+  );
+  assert.equal(plotOf({ markdown, plot: null }), undefined);
+  const inlined = withInlinePlot(markdown, new Uint8Array([0x89, 0x50, 0x4e, 0x47]));
+  assert.equal(
+    inlined,
+    "### HTAM results\n\n![speedup per step](data:image/png;base64,iVBORw==)\n",
+  );
+  assert.equal(withInlinePlot("no plot here", new Uint8Array([1])), "no plot here");
 });

@@ -9,6 +9,7 @@ import {
   interpreterCandidates,
   interpreterChoices,
   probeInterpreter,
+  workspaceInterpreters,
 } from "../src/interpreter";
 
 const base = { setting: "", pythonExtension: undefined, trusted: true, platform: "linux" } as const;
@@ -118,4 +119,13 @@ test("the interpreter pick lists those that can run htam-lsp first, each once", 
     ],
   );
   assert.match(rows[1]?.description ?? "", /^cannot: ModuleNotFoundError/);
+});
+
+test("virtual environments in the workspace folders are candidates (trusted only)", () => {
+  assert.deepEqual(workspaceInterpreters(["/w"], "linux"), [
+    "/w/.venv/bin/python",
+    "/w/venv/bin/python",
+    "/w/env/bin/python",
+  ]);
+  assert.equal(workspaceInterpreters(["C:\\w"], "win32")[0], "C:\\w\\.venv\\Scripts\\python.exe");
 });
