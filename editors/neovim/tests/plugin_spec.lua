@@ -307,4 +307,26 @@ H.run({
       H.eq(vim.log.levels.WARN, msg.level, 'a warning')
     end,
   },
+  {
+    'a server that exits at once (a Python without htam) is reported with the reason',
+    function()
+      local bare = workdir .. '/bare-venv'
+      local made = vim.system({ python, '-m', 'venv', '--without-pip', bare }):wait(60000)
+      H.eq(0, made.code, 'a bare venv: ' .. (made.stderr or ''))
+      vim.lsp.config('htam', { cmd = { bare .. '/bin/python', '-m', 'htam_lsp.server' } })
+      local from = #H.messages
+      vim.cmd.edit(workdir .. '/third.py') -- its FileType starts a client (vim.lsp.enable)
+      -- (htam_lsp itself may import from the working directory; its dependencies do not)
+      local msg = H.wait_message('does not import in ' .. bare, from, 20000)
+      H.truthy(msg.msg:find('htam-lsp exited with code 1: `htam_lsp` does not import in', 1, true), msg.msg)
+      H.eq(vim.log.levels.WARN, msg.level, 'a warning')
+      local asked = #H.messages
+      vim.cmd('HtamNext')
+      local again = H.wait_message('htam-lsp exited with code 1', asked)
+      H.truthy(again.msg:find('No module named', 1, true), 'the command says why too')
+      H.capture('neovim-server-exits-without-htam', from)
+      local report = H.checkhealth()
+      H.truthy(report:find('No module named', 1, true), 'checkhealth too:\n' .. report)
+    end,
+  },
 })

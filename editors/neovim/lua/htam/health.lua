@@ -9,7 +9,8 @@ import importlib, json
 result = {}
 for name in ("htam_lsp", "tree_sitter_cuda", "tree_sitter_python"):
     try:
-        importlib.import_module(name)
+        # the server's own module: its imports (pygls, lsprotocol) fail here as they would
+        importlib.import_module("htam_lsp.server" if name == "htam_lsp" else name)
         result[name] = None
     except Exception as error:
         result[name] = f"{type(error).__name__}: {error}"
@@ -46,6 +47,36 @@ local function python_of(exe)
     return resolve(words[1])
   end
   return resolve('python3')
+end
+
+--- Why the server command `cmd` cannot run htam-lsp, in one line; nil when it looks fine
+--- (or is a function). Used when the server exited at once, to say why plainly.
+---@param cmd any
+---@param env? table<string, string>
+---@return string?
+function M.server_problem(cmd, env)
+  if type(cmd) ~= 'table' or type(cmd[1]) ~= 'string' then
+    return nil
+  end
+  local exe = vim.fn.exepath(cmd[1])
+  if exe == '' then
+    return ('`%s` is not an executable on $PATH'):format(cmd[1])
+  end
+  local python = python_of(exe)
+  local started, run = pcall(function()
+    return vim.system({ python, '-c', PROBE }, { text = true, env = env }):wait(15000)
+  end)
+  local decoded, found = pcall(vim.json.decode, started and run.stdout or '')
+  if not started or run.code ~= 0 or not decoded or type(found) ~= 'table' then
+    local lines = vim.split(vim.trim(started and run.stderr or tostring(run)), '\n')
+    return ('%s could not run: %s'):format(python, lines[#lines])
+  end
+  local error = found.htam_lsp
+  if error ~= nil and error ~= vim.NIL then
+    return ('`htam_lsp` does not import in %s: %s (pip install htam into that Python, '
+      .. 'or setup({ cmd = { "/path/to/htam-lsp" } }))'):format(python, error)
+  end
+  return nil
 end
 
 local function check_neovim()

@@ -75,6 +75,19 @@ function M.setup(opts)
   return true
 end
 
+--- How the server's process ended, with the reason when one could be found.
+---@param exit { code: integer, signal: integer, why?: string }
+---@return string
+local function exit_text(exit)
+  local signal = exit.signal ~= 0 and (' (signal %d)'):format(exit.signal) or ''
+  local why = exit.why and (': ' .. exit.why) or ''
+  return ('htam-lsp exited with code %d%s%s; :checkhealth htam and :LspLog say more'):format(
+    exit.code,
+    signal,
+    why
+  )
+end
+
 --- Why no HTAM client is attached, in plain words.
 ---@return string
 local function why_no_client()
@@ -90,10 +103,7 @@ local function why_no_client()
   end
   local exit = M.server_exit
   if exit and exit.code ~= 0 then
-    return ('htam-lsp exited with code %d%s; :checkhealth htam and :LspLog say why'):format(
-      exit.code,
-      exit.signal ~= 0 and (' (signal %d)'):format(exit.signal) or ''
-    )
+    return exit_text(exit)
   end
   local ft = vim.bo.filetype
   if ft ~= 'cuda' and ft ~= 'python' then
@@ -120,7 +130,17 @@ end
 ---@param code integer
 ---@param signal integer
 function M.on_exit(code, signal)
-  M.server_exit = { code = code, signal = signal }
+  local exit = { code = code, signal = signal }
+  M.server_exit = exit
+  if code == 0 then
+    return
+  end
+  -- A server that cannot start (a Python without htam, a wrong cmd) says so once, plainly.
+  vim.schedule(function()
+    local cfg = vim.lsp.config[NAME] or {}
+    exit.why = require('htam.health').server_problem(cfg.cmd, cfg.cmd_env)
+    say(exit_text(exit), WARN)
+  end)
 end
 
 ---@param client vim.lsp.Client
