@@ -38,6 +38,7 @@ CODE_SERVER = TOOLS / "code-server" / "node_modules" / ".bin" / "code-server"
 VSIX = EXTENSION / "htam.vsix"
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts" / "vscode"
+SCREENSHOTS = REPO / "docs" / "screenshots"
 EXAMPLE = REPO / "examples" / "softmax"
 KERNEL_FILE = "cpu_naive.py"
 CUDA_FILE = "cuda_naive.py"
@@ -69,6 +70,7 @@ USER_SETTINGS = {
     "htam.minSpeedup": 1.0,
 }
 STARTUP_S = 60
+BARE = "bare-python"  # the `vscode` fixture's parameter: start with a Python without htam
 STEP_TIMEOUT_S = 300
 WIN_ATTEMPTS = 3  # steps to find one measured win on a loaded machine
 
@@ -148,11 +150,14 @@ class VSCode:
     def kernel(self) -> Path:
         return self.folder / KERNEL_FILE
 
-    def shot(self, moment: str) -> None:
+    def shot(self, moment: str, keep: str | None = None) -> None:
+        """A screenshot in test-artifacts/; `keep`: also as docs/screenshots/KEEP.png."""
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         path = ARTIFACTS / f"{self.name}-{len(self.shots) + 1:02d}-{moment}.png"
         self.page.screenshot(path=str(path))
         self.shots.append(path)
+        if keep:
+            shutil.copy(path, SCREENSHOTS / f"{keep}.png")
 
     def status(self) -> str:
         item = self.page.locator(".statusbar-item", has_text="HTAM:")
@@ -218,6 +223,27 @@ class VSCode:
                 raise AssertionError(f"no preview showed {text!r}")
             time.sleep(0.5)
 
+    def preview_image_width(self, alt: str) -> int:
+        """The natural width of the image `alt` once a Markdown preview has loaded it."""
+        from playwright.sync_api import Error
+
+        script = (
+            "alt => { const img = [...document.images].find(i => i.alt === alt);"
+            " return img && img.complete ? img.naturalWidth : -1; }"
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            for frame in self.page.frames:
+                try:
+                    width = int(frame.evaluate(script, alt))
+                except Error:
+                    continue  # a frame still loading or already gone
+                if width > 0:
+                    return width
+            if time.monotonic() > deadline:
+                return 0
+            time.sleep(0.5)
+
     @staticmethod
     def _frame_has(frame: Frame, text: str) -> bool:
         from playwright.sync_api import Error
@@ -236,13 +262,13 @@ class VSCode:
         return "\n".join(p.read_text(errors="replace") for p in logs.rglob("*HTAM*.log"))
 
 
-def _write_settings(user_data: Path) -> None:
+def _write_settings(user_data: Path, interpreter: str) -> None:
     """User settings, and the interpreter as a machine setting (code-server's extension
     host is remote: it reads machine-scoped settings there). It is named because the
     extension host takes PATH from a login shell, not from whoever started code-server."""
     for scope, values in (
         ("User", USER_SETTINGS),
-        ("Machine", {"htam.interpreter": sys.executable}),
+        ("Machine", {"htam.interpreter": interpreter}),
     ):
         settings = user_data / scope / "settings.json"
         settings.parent.mkdir(parents=True, exist_ok=True)
@@ -279,7 +305,12 @@ def vscode(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VSCode]:
     kernel.write_text(kernel.read_text().replace('extra_cflags=["-O2"]', 'extra_cflags=["-O0"]'))
     user_data, extensions, htam_home = tmp_path / "user-data", tmp_path / "ext", tmp_path / "htam"
     env = {**_tool_env(), "HTAM_HOME": str(htam_home), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
-    _write_settings(user_data)
+    interpreter = sys.executable
+    if getattr(request, "param", None) == BARE:  # a Python without htam, as on a first start
+        bare = tmp_path / "bare-venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+        interpreter = str(bare / "bin" / "python")
+    _write_settings(user_data, interpreter)
     _install_extension(env, user_data, extensions)
     port = _free_port()
     with (tmp_path / "code-server.log").open("w") as log:
@@ -415,6 +446,14 @@ def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
             break
     else:
         raise AssertionError(f"{WIN_ATTEMPTS} steps found nothing faster\n{vscode.htam_log()}")
+    # The results view: the trajectory and the engine's speedup plot, in the Markdown preview.
+    vscode.go_to_kernel()
+    vscode.palette("HTAM: Show Results")
+    vscode.wait_preview("HTAM results")
+    assert vscode.preview_image_width("speedup per step") > 0, "the plot did not render"
+    vscode.shot("results-plot", keep="vscode-results-plot")
+    vscode.palette("View: Close All Editors")
+    vscode.open_kernel()
     # One notification for the step, in the server's words, offering the actions.
     vscode.page.locator(".notification-toast", has_text="faster than your code").first.wait_for()
     assert "Show Actions" in vscode.notifications()
@@ -447,6 +486,8 @@ def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
     assert direction.group(1) in hover, f"hover does not explain {direction.group(1)!r}"
     gains = [float(g) for g in re.findall(r"(\d+\.\d+)x faster than your code", title)]
     assert gains and min(gains) >= 1.0, f"a slowdown was offered: {title}"
+    low = re.search(r"faster than your code \(95 % (\d+\.\d+)-\d+\.\d+; ", title)
+    assert low and float(low.group(1)) >= 1.0, f"no interval, or its lower bound is low: {title}"
     # Ctrl+Enter on the focused action opens VS Code's refactor preview with the diff.
     vscode.page.keyboard.press("Control+Enter")
     apply = vscode.page.get_by_role("button", name="Apply", exact=True)
@@ -510,6 +551,43 @@ def test_cuda_without_gpu_is_refused_with_the_reason_and_a_reference_gets_nothin
     assert time.monotonic() - started < 20, "the refusal took as long as a run"
     assert "nvcc" in vscode.notifications()
     assert not (vscode.htam_home / "lsp-runs").exists(), "a job ran without a GPU"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vscode", [BARE], indirect=True)
+def test_a_first_start_without_htam_says_so_and_choosing_an_interpreter_starts_the_server(
+    vscode: VSCode,
+) -> None:
+    """htam.interpreter is a Python without htam: the user reads why, in one line, with
+    the interpreter pick and "Install htam Here"; picking a Python that has htam starts it."""
+    vscode.open_kernel()
+    toast = vscode.page.locator(".notification-toast", has_text="htam-lsp cannot be started")
+    toast.first.wait_for()
+    vscode.wait_status("HTAM: not running", 30)
+    time.sleep(1)  # the toast slides in
+    said = vscode.notifications()
+    assert "No module named 'htam_lsp'" in said, said
+    assert "Traceback" not in said and not re.search(r"^\s*at \S+", said, re.MULTILINE), said
+    for button in ("Choose Interpreter", "Install htam Here"):
+        assert toast.first.get_by_role("button", name=button).count(), f"no {button}: {said}"
+    vscode.shot("no-htam", keep="vscode-onboarding-no-htam")
+
+    toast.first.get_by_role("button", name="Choose Interpreter").click()
+    rows = vscode.page.locator(".quick-input-list .monaco-list-row")
+    rows.filter(has_text="Enter interpreter path").first.wait_for()
+    listed = rows.all_inner_texts()
+    assert any("bare-venv" in row and "htam_lsp" in row for row in listed), listed
+    vscode.shot("interpreter-pick", keep="vscode-onboarding-interpreter-pick")
+    vscode.page.keyboard.type("Enter interpreter path")
+    vscode.page.keyboard.press("Enter")
+    vscode.page.locator(".quick-input-widget", has_text="has htam installed").wait_for()
+    box = vscode.page.locator(".quick-input-widget input")
+    box.fill(sys.executable)  # the box, not the editor, whichever holds the focus
+    box.press("Enter")
+    vscode.wait_status(r"idle \(restricted\)", STARTUP_S)
+    vscode.page.locator(".codelens-decoration", has_text="Optimize with HTAM").first.wait_for()
+    vscode.shot("server-started", keep="vscode-onboarding-server-started")
+    assert f"Interpreter: {sys.executable} (from the htam.interpreter setting)" in vscode.htam_log()
 
 
 def _step_found_a_win(vscode: VSCode, attempt: int) -> bool:
