@@ -150,6 +150,11 @@ H.run({
     ':checkhealth htam shows what the real server can do here',
     function()
       local report = H.checkhealth()
+      if vim.env.HTAM_CAPTURES and vim.env.HTAM_CAPTURES ~= '' then
+        vim.fn.mkdir(vim.env.HTAM_CAPTURES, 'p')
+        local lines = vim.split(report, '\n', { plain = true })
+        vim.fn.writefile(lines, vim.env.HTAM_CAPTURES .. '/neovim-checkhealth-real-server.txt')
+      end
       H.truthy(not report:find('ERROR', 1, true), 'no ERROR:\n' .. report)
       H.truthy(report:find('`htam_lsp` imports', 1, true), 'the server was checked:\n' .. report)
       for _, line in ipairs({ 'LLM: none', 'sandbox: ', 'execution: allowed', 'g++: ' }) do

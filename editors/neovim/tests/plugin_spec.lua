@@ -266,6 +266,11 @@ H.run({
     ':checkhealth htam shows the server\'s own htam.status',
     function()
       local report = H.checkhealth()
+      if vim.env.HTAM_CAPTURES and vim.env.HTAM_CAPTURES ~= '' then
+        vim.fn.mkdir(vim.env.HTAM_CAPTURES, 'p')
+        local lines = vim.split(report, '\n', { plain = true })
+        vim.fn.writefile(lines, vim.env.HTAM_CAPTURES .. '/neovim-checkhealth-status.txt')
+      end
       H.truthy(report:find('`htam_lsp` imports', 1, true), 'server import checked:\n' .. report)
       for _, line in ipairs({
         'LLM: none, mechanical strategies only (provider setting)',
