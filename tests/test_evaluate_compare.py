@@ -40,7 +40,7 @@ def test_the_same_code_compares_as_even(task_path: Path) -> None:
 
 
 def test_a_slower_incumbent_makes_the_candidate_faster(task_path: Path) -> None:
-    slower = _with_forward_prefix(NAIVE, "__import__('time').sleep(0.01)")
+    slower = _with_forward_prefix(NAIVE, "__import__('time').sleep(0.03)")
     verdict = compare(load_task(task_path), NAIVE, slower, device="cpu")
     assert verdict.correct, verdict.error
     assert verdict.interval["low"] > 1.5, verdict.interval
