@@ -27,7 +27,7 @@ from htam_lsp.jobs import Job, eval_argv, optimize_argv
 
 log = logging.getLogger(__name__)
 
-PHASES = ("select", "generate", "compile", "verify", "time", "update")
+PHASES = ("select", "generate", "compile", "verify", "time", "confirm", "update")
 
 
 @dataclass(frozen=True)
