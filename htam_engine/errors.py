@@ -13,3 +13,17 @@ class NoStartError(UserError):
     LLM to write the first implementation."""
 
     kind = "no_start"
+
+
+class ReferenceFailed(UserError):
+    """The task's reference itself fails (raises, returns something unusable): no
+    candidate can be judged against it until it is fixed."""
+
+    kind = "reference_error"
+
+
+class TooLarge(UserError):
+    """The problem needs more memory or disk than this machine gives an evaluation; the
+    message names the estimate, the limit and a `--scale` that would fit."""
+
+    kind = "too_large"

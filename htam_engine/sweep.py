@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine.errors import UserError
+from htam_engine.evaluate.cli import add_policy_arguments
 from htam_engine.report import format_speedup
+from htam_engine.task import parse_allow_torch
 
 FAST_P = (1.0, 1.5, 2.0)  # fast_1 is KernelBench's Fast@1; fast_0 is the correct rate
 PROBLEM_TIMEOUT_S = 4 * 3600
@@ -100,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=1, help="problems at once on this machine")
     p.add_argument("--ray", metavar="ADDRESS", help="run problems on a Ray cluster ('auto')")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    add_policy_arguments(p)  # passed to every problem's `htam optimize`
     p.set_defaults(handler=run)
 
 
@@ -173,6 +176,11 @@ def optimize_argv(args: argparse.Namespace) -> list[str]:
     argv = ["--steps", str(args.steps), "--provider", args.provider, "--device", args.device]
     for flag, value in (("--model", args.model), ("--base-url", args.base_url)):
         argv += [flag, value] if value else []
+    if getattr(args, "allow_torch", None) is not None:
+        allowed = parse_allow_torch(args.allow_torch, "--allow-torch")  # refused here, once
+        argv += ["--allow-torch", ",".join(allowed) or "none"]
+    if getattr(args, "scale", None) is not None:
+        argv += ["--scale", repr(args.scale)]
     return argv + (["--cassette", str(Path(args.cassette).resolve())] if args.cassette else [])
 
 

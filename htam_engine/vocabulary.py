@@ -64,6 +64,27 @@ STATUS_TABLE: dict[str, StatusInfo] = {  # keyed by Status; a plain str finds it
     Status.COMPILE_ERROR: StatusInfo(-0.5, -0.5, "compile_error"),
     Status.NO_CODE: StatusInfo(-0.25, -0.5, "no_code"),
 }
+# The groups `--allow-torch` (and `[policy] allow_torch` in htam.toml) accepts besides
+# single aten op names: the library calls CUDA-Agent allows (cuBLAS GEMMs, cuDNN
+# convolutions), by their names in torch's Python API and in aten, down to the backend
+# kernels (an op run inside an allowed one is part of it, e.g. a transposed
+# convolution's bias add).
+TORCH_OP_GROUPS: dict[str, frozenset[str]] = {
+    "gemm": frozenset(
+        {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv"}
+        | {"dot", "vdot", "tensordot", "_addmm_activation"}
+    ),
+    "conv": frozenset(
+        {"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "_convolution_mode"}
+        | {"conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "conv_tbc"}
+        | {"cudnn_convolution", "cudnn_convolution_transpose", "miopen_convolution"}
+        | {"mkldnn_convolution", "thnn_conv2d", "_slow_conv2d_forward", "slow_conv3d"}
+        | {"slow_conv3d_forward", "slow_conv_transpose2d", "slow_conv_transpose3d"}
+        | {"slow_conv_dilated2d", "slow_conv_dilated3d", "_conv_depthwise2d"}
+        | {"conv_depthwise3d", "_nnpack_spatial_convolution", "convolution_overrideable"}
+    ),
+}
+
 FIRST_STEP = "first_step"  # the feedback tag of a run's first state
 FEEDBACK_TAGS = frozenset({FIRST_STEP, *(info.feedback for info in STATUS_TABLE.values())})
 

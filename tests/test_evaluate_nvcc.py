@@ -21,15 +21,21 @@ KERNEL = """__global__ void scale(const float* x, float* y, int n) {
 
 
 def test_valid_kernel_compiles():
-    compiled, log = nvcc_check(KERNEL, timeout_s=120)
-    assert compiled, log
+    checked = nvcc_check(KERNEL, timeout_s=120)
+    assert checked.compiled and checked.status == "compiled", checked.log
 
 
 def test_broken_kernel_reports_the_line():
     broken = KERNEL.replace("2.0f * x[i];", "2.0f * x[i]\n    return undeclared;")
-    compiled, log = nvcc_check(broken, timeout_s=120)
-    assert not compiled and "error" in log
-    assert line_from_log(log, broken) == 4  # nvcc reports the statement after the gap
+    checked = nvcc_check(broken, timeout_s=120)
+    assert checked.status == "rejected" and "error" in checked.log
+    assert line_from_log(checked.log, broken) == 4  # nvcc reports the statement after the gap
+
+
+def test_nvcc_over_its_limit_is_a_timeout_not_a_rejection():
+    checked = nvcc_check(KERNEL, timeout_s=0.01)
+    assert checked.status == "timeout" and not checked.compiled
+    assert "over its limit" in checked.log
 
 
 def test_cuda_source_found_inside_a_load_inline_candidate():

@@ -31,7 +31,7 @@ from typing import Any
 
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.paths import subdir
-from htam_engine.task import Task
+from htam_engine.task import Task, allowed_ops
 
 RECORD_FORMAT = "htam-verdict"
 DB_NAME = "verdicts.sqlite3"
@@ -100,9 +100,11 @@ def key(
     task: Task, candidate: str, device: str, limits: Limits, *, sandbox: str = UNSANDBOXED
 ) -> str:
     """The cache key: everything a verdict depends on, the sandbox mode included (a
-    verdict measured without the sandbox never answers for one measured inside it)."""
+    verdict measured without the sandbox never answers for one measured inside it), and
+    the library policy (a verdict under one `--allow-torch` never answers for another)."""
     parts = [
-        task.reference_source,
+        task.reference_source,  # as run: a `--scale`d problem is another problem
+        "allow_torch=" + ",".join(sorted(allowed_ops(task.allow_torch))),
         task.kind,
         task.entry or "",
         candidate,

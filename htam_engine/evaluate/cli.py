@@ -10,7 +10,29 @@ from pathlib import Path
 from typing import Literal
 
 from htam_engine.errors import UserError
-from htam_engine.task import Task, guess_backend, load_task, parse_directive
+from htam_engine.task import SCALED_SIZES, Task, guess_backend, load_task, parse_directive
+from htam_engine.task import with_policy as _with_policy
+
+ALLOW_TORCH_HELP = (
+    "aten ops (mm, addmm, relu, ...) or groups (gemm, conv) that torch may compute "
+    "without the candidate being not_custom_kernel; replaces htam.toml's "
+    "[policy] allow_torch ('none': nothing)"
+)
+SCALE_HELP = (
+    f"shrink the problem: multiply its module-level sizes named {', '.join(SCALED_SIZES)} "
+    "by F (0 < F <= 1), for problems too large for this machine"
+)
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--allow-torch` and `--scale`, shared by eval, optimize and the sweep."""
+    parser.add_argument("--allow-torch", metavar="OPS", help=ALLOW_TORCH_HELP)
+    parser.add_argument("--scale", type=float, metavar="F", help=SCALE_HELP)
+
+
+def with_policy(task: Task, args: argparse.Namespace) -> Task:
+    """`task` under the command line's `--allow-torch` and `--scale`."""
+    return _with_policy(task, getattr(args, "allow_torch", None), getattr(args, "scale", None))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--json", action="store_true", help="print one JSON verdict on stdout")
     parser.add_argument("--no-cache", action="store_true", help="evaluate even if cached")
+    add_policy_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -30,19 +53,35 @@ def _human(verdict: dict) -> str:
     if error:
         text = f"{error['kind']}: {error['message']}"
         return f"{text}\n{error['excerpt']}" if error["excerpt"] else text
+    if verdict["runtime_ms"] is None:  # correct, not timed (Triton's interpreter)
+        return f"correct on {verdict['inputs_checked']} input sets; {verdict['note']}" + _notes(
+            verdict
+        )
     speed = f"{verdict['speedup']:.3f}x" if verdict["speedup"] else "?"
     flag = " (suspect: review before trusting)" if verdict["suspect"] else ""
     return (
         f"correct on {verdict['inputs_checked']} input sets; {verdict['runtime_ms']:.4f} ms vs "
         f"reference {verdict['ref_runtime_ms']:.4f} ms on {verdict['device']}: {speed}{flag}"
         + (" [cached]" if verdict["cached"] else "")
+        + _notes(verdict)
     )
+
+
+def _notes(verdict: dict) -> str:
+    """What the number was measured under: allowed library ops, a shrunk problem."""
+    notes = []
+    if verdict.get("torch_ops"):
+        notes.append(f"torch computed (allowed): {', '.join(verdict['torch_ops'])}")
+    if verdict.get("scaled"):
+        sizes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in verdict["scaled"]["sizes"].items())
+        notes.append(f"problem scaled by {verdict['scaled']['factor']:g} ({sizes})")
+    return "".join(f"\n{note}" for note in notes)
 
 
 def run(args: argparse.Namespace) -> int:
     from htam_engine.evaluate import evaluate
 
-    task = load_task(args.task)
+    task = with_policy(load_task(args.task), args)
     try:
         candidate = args.candidate.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:

@@ -10,20 +10,125 @@ import signal
 import subprocess
 import sysconfig
 import tempfile
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 ARCH = "sm_80"
 
 
+# What `load_inline` puts before the CUDA sources it compiles (torch.utils.cpp_extension).
+PRELUDE = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+MAX_DEPTH = 8  # a = b; b = c; ... resolved this deep
+
+
+@dataclass(frozen=True)
+class NvccResult:
+    """How a compile check went: `compiled`, `rejected` (the log says why), `timeout`
+    (nvcc ran over its limit: nothing is known about the code) or `absent` (no nvcc)."""
+
+    status: str
+    log: str = ""
+
+    @property
+    def compiled(self) -> bool:
+        return self.status == "compiled"
+
+
+def _assignments(body: ast.AST) -> dict[str, list[ast.Assign | ast.AnnAssign]]:
+    """`name = ...` statements of a scope (a module or a function), by name, in order."""
+    found: dict[str, list[ast.Assign | ast.AnnAssign]] = {}
+    for node in ast.walk(body):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, ast.Name) and isinstance(node, ast.Assign | ast.AnnAssign):
+                found.setdefault(target.id, []).append(node)
+    return found
+
+
+class _Resolver:
+    """The string values an expression of a Python candidate stands for: literals, `+` of
+    them, `textwrap.dedent(...)`, lists and tuples, and names assigned in the enclosing
+    function or at module level (`cuda_sources=cuda_src` where `cuda_src = \"\"\"...\"\"\"`)."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.module = {
+            name: nodes
+            for name, nodes in _assignments(tree).items()
+            if any(node in tree.body for node in nodes)
+        }
+        self.scope_of: dict[int, ast.AST] = {}
+        for function in ast.walk(tree):  # outer functions first: inner ones overwrite
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                for node in ast.walk(function):
+                    self.scope_of[id(node)] = function
+
+    def values(self, node: ast.AST, at: ast.AST, depth: int = 0) -> list[str]:
+        if depth > MAX_DEPTH:
+            return []
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node.value]
+        if isinstance(node, ast.List | ast.Tuple):
+            return [v for item in node.elts for v in self.values(item, at, depth + 1)]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = (
+                self.values(node.left, at, depth + 1),
+                self.values(node.right, at, depth + 1),
+            )
+            return ["".join(left) + "".join(right)] if left and right else left or right
+        if isinstance(node, ast.Call) and _name(node.func) == "dedent" and node.args:
+            return [textwrap.dedent(v) for v in self.values(node.args[0], at, depth + 1)]
+        if isinstance(node, ast.Name):
+            value = self._assigned(node.id, at)
+            return self.values(value, value, depth + 1) if value is not None else []
+        return []
+
+    def _assigned(self, name: str, at: ast.AST) -> ast.expr | None:
+        """The value last assigned to `name` before `at`, in `at`'s function, else at
+        module level."""
+        line = getattr(at, "lineno", 0)
+        scope = self.scope_of.get(id(at))
+        for nodes in (
+            _assignments(scope).get(name, []) if scope else [],
+            self.module.get(name, []),
+        ):
+            before = [n for n in nodes if n.lineno <= line] or nodes
+            if before and before[-1].value is not None:
+                return before[-1].value
+        return None
+
+
+def _name(func: ast.AST) -> str:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
 def cuda_source(candidate: str, kind: str) -> str | None:
-    """The CUDA code of a candidate: the file itself, or the `load_inline` string holding
-    `__global__` in a Python candidate."""
+    """The CUDA code of a candidate as nvcc should see it: the `.cu` file itself, or
+    what a Python candidate passes to `load_inline` as `cuda_sources` (literals or the
+    variables holding them), with the includes `load_inline` adds; else any string
+    literal holding a `__global__` kernel."""
     if kind == "cu":
         return candidate
     try:
         tree = ast.parse(candidate)
     except SyntaxError:
         return None
+    resolver = _Resolver(tree)
+    sources: list[str] = []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and _name(call.func) == "load_inline"):
+            continue
+        argument = next((k.value for k in call.keywords if k.arg == "cuda_sources"), None)
+        if argument is None and len(call.args) > 2:
+            argument = call.args[2]
+        if argument is not None:
+            sources += [v for v in resolver.values(argument, call) if v not in sources]
+    if sources:
+        return PRELUDE + "\n".join(sources)
     texts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
     return next((t for t in texts if isinstance(t, str) and "__global__" in t), None)
 
@@ -37,11 +142,11 @@ def _include_flags() -> list[str]:
     return flags
 
 
-def nvcc_check(source: str, timeout_s: float) -> tuple[bool, str]:
-    """(compiled, log): `nvcc -arch=sm_80 -c` on `source` with the torch headers reachable."""
+def nvcc_check(source: str, timeout_s: float) -> NvccResult:
+    """`nvcc -arch=sm_80 -c` on `source` with the torch headers reachable."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        return False, "nvcc not found on PATH"
+        return NvccResult("absent", "nvcc not found on PATH")
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "kernel.cu"
         path.write_text(source)
@@ -67,5 +172,6 @@ def nvcc_check(source: str, timeout_s: float) -> tuple[bool, str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return False, f"nvcc exceeded {timeout_s:g} s"
-    return proc.returncode == 0, log.replace(str(path), "kernel.cu")
+            return NvccResult("timeout", f"nvcc ran over its limit of {timeout_s:g} s")
+    status = "compiled" if proc.returncode == 0 else "rejected"
+    return NvccResult(status, log.replace(str(path), "kernel.cu"))

@@ -181,7 +181,7 @@ class Child:
         tail = _tail(self.log, 1500)
         if self.name in ("judge", "reference"):
             last = tail.strip().splitlines()[-1:] or ["no output"]
-            return Stop("runtime_error", f"the reference failed during {phase}: {last[0]}", tail)
+            return Stop("reference_error", f"the reference failed during {phase}: {last[0]}", tail)
         if code < 0:
             name = signal.Signals(-code).name
             if -code == signal.SIGKILL:

@@ -28,22 +28,27 @@ from pathlib import Path
 from htam_engine import stats, triton_backend
 from htam_engine.errors import UserError
 from htam_engine.evaluate import cache, excerpt
-from htam_engine.evaluate.nvcc import cuda_source, nvcc_check
+from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
 from htam_engine.evaluate.process import Child, Stop, python_module
 from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.evaluate.static import static_checks
 from htam_engine.evaluate.verdict import SUSPECT_SPEEDUP, Check, EvalError, Limits, Verdict
 from htam_engine.paths import subdir
-from htam_engine.task import Task
+from htam_engine.task import Task, allowed_ops, guess_backend
+from htam_engine.vocabulary import TORCH_OP_GROUPS
 
 DEVICES = ("auto", "cuda", "cpu")
 MAX_TRIALS = 100
 # The 95 % interval's half-width at which timing stops, relative to the speedup.
 TARGET_HALF_WIDTH = {"cpu": 0.05, "cuda": 0.01}
 LOCK_WAIT_S = 3600.0  # others' timings are bounded; waiting for them is no candidate's fault
-_UNCACHED = ("cancelled", "timeout")
+# Not the candidate's doing: a reference that fails today (out of memory, a fixed bug)
+# may run tomorrow, and a cancelled or timed-out evaluation said nothing.
+_UNCACHED = ("cancelled", "timeout", "reference_error")
 _INCORRECT = frozenset({"output.shape", "output.dtype", "output.finite", "output.values"})
 _NOT_CUSTOM = frozenset({"runtime.torch_ops", "runtime.library", "static.torch_compute"})
+_TORCH_USED = "runtime.allowed_torch_ops"  # the worker's word on the allowed ops it ran
+_STATIC_CALL = re.compile(r"line \d+: (?P<call>[\w.]+)")
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
@@ -81,7 +86,7 @@ def evaluate(
     limits = limits or Limits()
     resolved = resolve_device(device, task)
     mode = sandbox_mode()
-    key = cache.key(task, candidate_source, resolved, limits, sandbox=mode)
+    key = cache.key(task, candidate_source, resolved, limits, sandbox=mode)  # policy too
     if use_cache and (hit := cache.get(key, sandbox=mode)) is not None:
         return hit
     verdict = _evaluate(
@@ -98,6 +103,31 @@ def evaluate(
     return verdict
 
 
+def compare(
+    task: Task,
+    candidate_source: str,
+    incumbent_source: str,
+    *,
+    device: str = "auto",
+    limits: Limits | None = None,
+    cancel: threading.Event | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> Verdict:
+    """`candidate_source` verified against `task`'s reference but timed in pairs against
+    `incumbent_source` (an implementation verified before), so `speedup` and `interval`
+    are over the incumbent, from calls at the same moments. Never cached: it settles
+    one comparison."""
+    return _evaluate(
+        task,
+        candidate_source,
+        resolve_device(device, task),
+        limits or Limits(),
+        cancel or threading.Event(),
+        on_phase or (lambda _phase: None),
+        incumbent=incumbent_source,
+    )
+
+
 def _evaluate(
     task: Task,
     source: str,
@@ -105,15 +135,25 @@ def _evaluate(
     limits: Limits,
     cancel: threading.Event,
     on_phase: Callable[[str], None],
+    incumbent: str | None = None,
 ) -> Verdict:
     verdict = Verdict(device=device, sandbox=sandbox_mode())
-    verdict.checks = static_checks(source, task.kind, task.reference_source)
+    verdict.allow_torch = list(task.allow_torch)
+    if task.scaled:
+        verdict.scaled = {
+            "factor": task.scale,
+            "sizes": {name: [old, new] for name, old, new in task.scaled},
+        }
+    allowed = allowed_ops(task.allow_torch)
+    verdict.checks = static_checks(source, task.kind, task.reference_source, allowed)
     failed = [check for check in verdict.checks if not check.passed]
     if failed:
         kinds = {_kind(check.name) for check in failed}
-        _fail(verdict, "cheating" if "cheating" in kinds else kinds.pop(), failed, source)
+        kind = "cheating" if "cheating" in kinds else kinds.pop()
+        chosen = [c for c in failed if _kind(c.name) == kind]
+        _fail(verdict, kind, chosen, source, task.allow_torch)
         return verdict
-    return run_candidate(task, source, verdict, limits, cancel, on_phase)
+    return run_candidate(task, source, verdict, limits, cancel, on_phase, incumbent)
 
 
 def run_candidate(
@@ -123,41 +163,91 @@ def run_candidate(
     limits: Limits,
     cancel: threading.Event,
     on_phase: Callable[[str], None],
+    incumbent: str | None = None,
 ) -> Verdict:
-    """Everything after the static checks: compile, verify and time in the sandbox. The
-    trusted side must hold on its own when a candidate evades the static checks, so
-    tests call this directly."""
-    if verdict.device == "cuda" and not gpu_available():
+    """Everything after the static checks: compile, verify and time in the sandbox (with
+    `incumbent`, against it: `compare`). The trusted side must hold on its own when a
+    candidate evades the static checks, so tests call this directly."""
+    if (verdict.device == "cuda" and not gpu_available()) or _cuda_on_cpu(
+        task, source, verdict.device
+    ):
         return _compile_only(task, source, verdict, limits)
     on_phase("compile")
     with _job_dir() as jobdir:
-        _write_job(jobdir, task, source, verdict.device, limits)
+        _write_job(jobdir, task, source, verdict.device, limits, incumbent)
         _run(jobdir, task, source, verdict, limits, cancel, on_phase)
     return verdict
 
 
-def _fail(verdict: Verdict, kind: str, failed: list[Check], source: str) -> None:
+def _fail(
+    verdict: Verdict, kind: str, failed: list[Check], source: str, policy: tuple[str, ...] = ()
+) -> None:
     names = ", ".join(check.name for check in failed)
     detail = failed[0].detail
     line = excerpt.first_line_number(detail)
-    verdict.error = EvalError(kind, f"{names}: {detail}"[:600], excerpt.around(source, line), line)
+    message = f"{names}: {detail}"[:600]
+    if kind == "not_custom_kernel":
+        message += allow_hint(failed, policy)
+    verdict.error = EvalError(kind, message, excerpt.around(source, line), line)
     verdict.correct = False
 
 
+def allow_hint(failed: list[Check], policy: tuple[str, ...] = ()) -> str:
+    """How to let torch do what made the candidate `not_custom_kernel` (its ops, as
+    groups where a group holds them, added to the current `policy`: `--allow-torch`
+    replaces it); numpy and other libraries cannot be allowed."""
+    ops: list[str] = []
+    for check in failed:
+        if check.name == "runtime.torch_ops":
+            ops += [op.strip() for op in check.detail.split(":", 1)[-1].split(",") if op.strip()]
+        elif check.name == "static.torch_compute":
+            ops += [m["call"].split(".")[-1] for m in _STATIC_CALL.finditer(check.detail)]
+    if not ops:
+        return " (only torch ops can be allowed, with --allow-torch: write this as a kernel)"
+    named = [next((g for g, members in TORCH_OP_GROUPS.items() if op in members), op) for op in ops]
+    wanted = list(dict.fromkeys([*policy, *named]))
+    listed = ",".join(wanted)
+    quoted = ", ".join(f'"{op}"' for op in wanted)
+    return (
+        f" (a library may do this only by permission: --allow-torch {listed}, or "
+        f"[policy] allow_torch = [{quoted}] in htam.toml)"
+    )
+
+
+def _cuda_on_cpu(task: Task, source: str, device: str) -> bool:
+    """A CUDA kernel asked to run on the CPU (`--device cpu`): it cannot."""
+    return device == "cpu" and guess_backend(task.kind, source) == "cuda"
+
+
 def _compile_only(task: Task, source: str, verdict: Verdict, limits: Limits) -> Verdict:
-    """No GPU here: check that the CUDA code compiles with nvcc, then say why it stops."""
+    """Where the kernel cannot run (no GPU here, or `--device cpu` for CUDA code): check
+    that its CUDA code compiles with nvcc, then say plainly that nothing was timed. An
+    nvcc run over its limit is a `timeout` (not cached, nothing is known of the code)."""
+    where = (
+        "no GPU here" if verdict.device == "cuda" else "a CUDA kernel does not run on --device cpu"
+    )
     code = cuda_source(source, task.kind)
     start = time.monotonic()
+    verdict.compiled = False
     if code is None:
-        verdict.compiled = False
-        message = "no GPU here, and no CUDA source found to compile-check"
+        message = f"{where}, and no CUDA source found to compile-check: nothing compiled or timed"
     else:
-        verdict.compiled, log = nvcc_check(code, limits.compile_s)
-        if not verdict.compiled:
-            verdict.phase_seconds["compile"] = time.monotonic() - start
-            return _error(verdict, Stop("compile_error", "nvcc rejected the kernel", log), source)
-        message = f"compiled with nvcc -arch=sm_80; no GPU here to run {display_name(task)}"
-    verdict.phase_seconds["compile"] = time.monotonic() - start
+        checked = nvcc_check(code, limits.compile_s)
+        verdict.phase_seconds["compile"] = round(time.monotonic() - start, 3)
+        if checked.status == "timeout":
+            stop = Stop("timeout", f"{where}: the nvcc compile check {checked.log}")
+            return _error(verdict, stop, source)
+        if checked.status == "rejected":
+            stop = Stop("compile_error", f"{where}: nvcc rejected the kernel", checked.log)
+            return _error(verdict, stop, source)
+        if checked.status == "absent":
+            message = f"{where}, and no nvcc on PATH to compile-check it: nothing compiled or timed"
+        else:
+            verdict.compiled = True
+            message = (
+                f"{where}: compile-checked {display_name(task)} with nvcc -arch={ARCH} only, "
+                "nothing timed"
+            )
     verdict.error = EvalError("no_gpu", message)
     return verdict
 
@@ -201,9 +291,17 @@ def _job_dir() -> Iterator[Path]:
         os.close(owner)
 
 
-def _write_job(jobdir: Path, task: Task, source: str, device: str, limits: Limits) -> None:
+def _write_job(
+    jobdir: Path,
+    task: Task,
+    source: str,
+    device: str,
+    limits: Limits,
+    incumbent: str | None = None,
+) -> None:
     """The judge's job (outside any box) and each worker's box: the candidate's holds
-    its file, the reference's the reference; neither holds seeds or inputs."""
+    its file, the reference's the reference (or, comparing, the incumbent's file);
+    neither holds seeds or inputs."""
     name = display_name(task)
     worker_job = {
         "name": task.name,
@@ -212,20 +310,25 @@ def _write_job(jobdir: Path, task: Task, source: str, device: str, limits: Limit
         "entry": task.entry,
         "device": device,
         "init_seed": secrets.randbelow(2**31),
+        "allow_torch": sorted(allowed_ops(task.allow_torch)),
     }
     for role in ("reference", "candidate"):
         box = jobdir / role
         for folder in ("tmp", "build", "cache", "torch_extensions"):
             (box / folder).mkdir(parents=True)
-    (jobdir / "candidate" / "candidate").mkdir()
-    (jobdir / "candidate" / "candidate" / name).write_text(source)
+    candidate_job = {**worker_job, "candidate_file": f"candidate/{name}"}
+    for role, code in (("candidate", source), ("reference", incumbent)):
+        if code is not None:
+            (jobdir / role / "candidate").mkdir()
+            (jobdir / role / "candidate" / name).write_text(code)
+            (jobdir / role / "job.json").write_text(json.dumps(candidate_job))
     (jobdir / "reference" / "reference.py").write_text(task.reference_source)
     (jobdir / "reference.py").write_text(task.reference_source)
-    (jobdir / "reference" / "job.json").write_text(json.dumps(worker_job))
-    candidate_job = {**worker_job, "candidate_file": f"candidate/{name}"}
-    (jobdir / "candidate" / "job.json").write_text(json.dumps(candidate_job))
+    if incumbent is None:
+        (jobdir / "reference" / "job.json").write_text(json.dumps(worker_job))
     job = {
         **worker_job,
+        "compare": incumbent is not None,
         "input_sets": limits.input_sets,
         "max_trials": MAX_TRIALS,
         "target_half_width": TARGET_HALF_WIDTH.get(device, 0.05),
@@ -295,13 +398,34 @@ def _merge(verdict: Verdict, checks: list[dict]) -> list[Check]:
     return [check for check in new if not check.passed]
 
 
-def _raise_failed(failed: list[Check]) -> None:
+def _judged(verdict: Verdict, task: Task, checks: list[dict]) -> list[Check]:
+    """`_merge`, then the policy judged here: the allowed ops the worker says it ran are
+    recorded in `torch_ops`, and a claim outside this side's policy is a forged report."""
+    failed = _merge(verdict, checks)
+    allowed = allowed_ops(task.allow_torch)
+    for index, check in enumerate(verdict.checks):
+        if check.name != _TORCH_USED:
+            continue
+        claimed = {op for op in check.detail.split(",") if op}
+        outside = sorted(claimed - allowed)
+        verdict.torch_ops = sorted(claimed & allowed)
+        if outside and check.passed:
+            forged = Check(_TORCH_USED, False, f"reports ops outside the policy: {outside}")
+            verdict.checks[index] = forged
+            failed.append(forged)
+    return failed
+
+
+def _raise_failed(failed: list[Check], policy: tuple[str, ...] = ()) -> None:
     if not failed:
         return
     kinds = [_kind(check.name) for check in failed]
     kind = next((k for k in ("cheating", "not_custom_kernel") if k in kinds), "incorrect")
     chosen = [c for c, k in zip(failed, kinds, strict=True) if k == kind]
-    raise Stop(kind, "; ".join(f"{c.name}: {c.detail}" for c in chosen)[:600])
+    message = "; ".join(f"{c.name}: {c.detail}" for c in chosen)[:600]
+    if kind == "not_custom_kernel":
+        message += allow_hint(chosen, policy)
+    raise Stop(kind, message)
 
 
 def _kind(name: str) -> str:
@@ -329,7 +453,7 @@ def _phases(
     verified = judge.wait_for("verified", limits.verify_s, "verify", cancel)
     _timed(verdict, "verify", start)
     verdict.inputs_checked = int(verified["sets"])
-    _raise_failed(_merge(verdict, verified["checks"]))
+    _raise_failed(_judged(verdict, task, verified["checks"]), task.allow_torch)
     verdict.correct = True
     if note := triton_backend.timing_note(task.backend, verdict.device):
         verdict.note = note  # interpreter times say nothing about the kernel
@@ -344,9 +468,10 @@ def _phases(
     finally:
         _timed(verdict, "time", start)  # how long it held the timing lock, even if it failed
     verdict.threads = int(timed["threads"])
-    _raise_failed(_merge(verdict, timed["checks"]))
+    _raise_failed(_judged(verdict, task, timed["checks"]), task.allow_torch)
     _record_timing(verdict, timed["ref"], timed["cand"])
     verdict.spread["harness_ms"] = float(timed["harness_ms"])
+    verdict.spread.update(timed.get("accounting", {}))  # what neighbours took (CPU)
     _record_conditions(verdict, load_before, TARGET_HALF_WIDTH.get(verdict.device, 0.05))
 
 

@@ -63,8 +63,14 @@ LAYOUT_OPS = frozenset(
         "new_full",
     ]
 )
+# Drawing random numbers is no computation either: a forward that draws them (an LSTM's
+# initial state, a dropout mask) must draw them with torch to match the reference's.
+RANDOM_OPS = frozenset(
+    {"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm"}
+    | {"normal_", "uniform_", "random_", "bernoulli", "bernoulli_"}
+)
 # Python-API names that are no computation either.
-ALLOWED_TORCH = LAYOUT_OPS | {
+ALLOWED_TORCH = LAYOUT_OPS | RANDOM_OPS | {
     "tensor",
     "as_tensor",
     "from_numpy",
@@ -174,12 +180,15 @@ def _compute_nodes(tree: ast.Module) -> Iterator[ast.AST]:
             yield from ast.walk(node)
 
 
-def _torch_compute(tree: ast.Module) -> str:
+def _torch_compute(tree: ast.Module, allowed: frozenset[str]) -> str:
+    """torch calls in forward that compute, but those the policy allows (`torch.mm`,
+    `F.conv2d`: their Python names are their aten names)."""
     calls = []
     for node in _compute_nodes(tree):
         if isinstance(node, ast.Call):
             chain = _attr_chain(node.func)
-            if len(chain) >= 2 and chain[0] in _TORCH_ROOTS and chain[-1] not in ALLOWED_TORCH:
+            free = chain[-1:] and (chain[-1] in ALLOWED_TORCH or chain[-1] in allowed)
+            if len(chain) >= 2 and chain[0] in _TORCH_ROOTS and not free:
                 calls.append(f"line {node.lineno}: {'.'.join(chain)}")
     return "; ".join(calls)
 
@@ -659,8 +668,11 @@ def _low_precision(code: _Code) -> str:
     return code.find(_py_low_precision, _cpp_low_precision)
 
 
-def static_checks(source: str, kind: str, reference_source: str) -> list[Check]:
-    """Every static check on a candidate: a failed check names what it found."""
+def static_checks(
+    source: str, kind: str, reference_source: str, allowed: frozenset[str] = frozenset()
+) -> list[Check]:
+    """Every static check on a candidate: a failed check names what it found. `allowed`:
+    the aten ops the policy lets torch compute (`--allow-torch`)."""
     code = _Code.read(source, kind)
     token_checks: dict[str, Callable[[], str]] = {
         "static.kernelguard": lambda: _kernelguard(source, kind),
@@ -675,7 +687,7 @@ def static_checks(source: str, kind: str, reference_source: str) -> list[Check]:
     tree, view = code.python.tree, code.python
     tree_checks: dict[str, Callable[[], str]] = {
         "static.reference_fallback": lambda: _reference_fallback(tree),
-        "static.torch_compute": lambda: _torch_compute(tree),
+        "static.torch_compute": lambda: _torch_compute(tree, allowed),
         "static.try_except": lambda: _try_except(tree),
         "static.monkeypatch": lambda: _monkeypatch(view),
         "static.dynamic_code": lambda: _dynamic_code(view),

@@ -18,6 +18,7 @@ ERROR_KINDS = (
     "not_custom_kernel",
     "cancelled",
     "no_gpu",
+    "reference_error",  # the reference itself fails: no candidate's fault, nothing learned
 )
 SUSPECT_SPEEDUP = 10.0
 
@@ -80,6 +81,13 @@ class Verdict:
     converged: bool = False
     load: dict[str, float] = field(default_factory=dict)
     noisy: bool = False
+    # The library policy it was judged under (aten op names the candidate may leave to
+    # torch, `--allow-torch`) and those of them its calls actually ran.
+    allow_torch: list[str] = field(default_factory=list)
+    torch_ops: list[str] = field(default_factory=list)
+    # When the problem was shrunk to fit (`--scale`): the factor and each size changed,
+    # {"factor": 0.1, "sizes": {"batch_size": [4096, 409]}}; empty when run as written.
+    scaled: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

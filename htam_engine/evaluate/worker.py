@@ -27,7 +27,7 @@ from torch.autograd.profiler import profile
 
 from htam_engine import kernels, triton_backend
 from htam_engine.evaluate import common
-from htam_engine.evaluate.static import LAYOUT_OPS
+from htam_engine.evaluate.static import LAYOUT_OPS, RANDOM_OPS
 
 _GUARDED = common.guarded_attributes()
 _WATCH = threading.Event()  # set while the model runs
@@ -37,34 +37,38 @@ _LIBRARY_DIRS = ("/numpy/", "/scipy/", "/numba/", "/jax/", "/cupy/")
 _CONVERSIONS = frozenset({"numpy", "from_numpy", "__array__", "asarray", "array"})
 
 # aten ops that only allocate, view or copy: anything else in forward is torch compute.
-_LAYOUT_OPS = LAYOUT_OPS | {
-    "new_empty_strided",
-    "_unsafe_view",
-    "_reshape_alias",
-    "_to_copy",
-    "select",
-    "slice",
-    "as_strided",
-    "alias",
-    "lift_fresh",
-    "resize_",
-    "set_",
-    "split",
-    "unbind",
-    "empty_like",
-    "is_nonzero",
-    "item",
-    "_local_scalar_dense",
-    "from_file",  # the harness maps its buffers
-    "flatten",
-    "unflatten",
-    "narrow",
-    "view_as",
-    "reshape_as",
-    "expand_as",
-    "resolve_conj",
-    "resolve_neg",
-}
+_LAYOUT_OPS = (
+    LAYOUT_OPS
+    | RANDOM_OPS
+    | {
+        "new_empty_strided",
+        "_unsafe_view",
+        "_reshape_alias",
+        "_to_copy",
+        "select",
+        "slice",
+        "as_strided",
+        "alias",
+        "lift_fresh",
+        "resize_",
+        "set_",
+        "split",
+        "unbind",
+        "empty_like",
+        "is_nonzero",
+        "item",
+        "_local_scalar_dense",
+        "from_file",  # the harness maps its buffers
+        "flatten",
+        "unflatten",
+        "narrow",
+        "view_as",
+        "reshape_as",
+        "expand_as",
+        "resolve_conj",
+        "resolve_neg",
+    }
+)
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -104,8 +108,27 @@ def _unwatched() -> Iterator[None]:
         sys.setprofile(previous)
 
 
-def _ops(prof: profile) -> set[str]:
-    return {event.name.split("::")[-1] for event in prof.function_events}
+def _op_name(event: Any) -> str:
+    return str(event.name).split("::")[-1]
+
+
+def _ops(prof: profile, allowed: frozenset[str]) -> tuple[set[str], set[str]]:
+    """(ops that ran outside every allowed op, the allowed ops that ran). An op run
+    inside an allowed one is part of it (a transposed convolution's bias add); of
+    nested allowed ops (`linear` calling `addmm`) the outermost is named."""
+    free: set[str] = set()
+    used: set[str] = set()
+    for event in prof.function_events:
+        outer, node = None, event
+        while node is not None:
+            if _op_name(node) in allowed:
+                outer = _op_name(node)
+            node = node.cpu_parent
+        if outer is not None:
+            used.add(outer)
+        else:
+            free.add(_op_name(event))
+    return free, used
 
 
 class Harness:
@@ -119,6 +142,9 @@ class Harness:
         self.threads_before: set[int | None] = set()
         self.model: Any = None
         self.ops: set[str] = set()
+        # the aten ops the trusted side's policy lets torch compute (`--allow-torch`)
+        self.allowed = frozenset(str(op) for op in self.job.get("allow_torch", []))
+        self.used: set[str] = set()
         self.profiler = profile(use_cpu=True)  # replaced by a running one at load
         self.types: set[str] = set()
         self.aliased = False
@@ -135,7 +161,7 @@ class Harness:
         init = torch.load(self.box / "init.pt", weights_only=True)
         kernels.use_build_dir(self.box / "build")
         common.share_inline_builds(self.box / "torch_extensions")
-        if self.role == "reference":
+        if self.role == "reference" and "candidate_file" not in self.job:  # else a comparison
             module = common.import_file("htam_reference", self.box / "reference.py")
             torch.manual_seed(self.job["init_seed"])
             self.model = module.Model(*init)
@@ -192,6 +218,7 @@ class Harness:
         out = self._map("out.bin", max(command["out_size"], 1))
         if self.flush is not None:
             self.flush.zero_()
+        self._seed(command.get("seed"))
         self._sync()
         self.emit(event="staged", k=command["k"], t=time.perf_counter())
         with torch.no_grad():
@@ -204,6 +231,16 @@ class Harness:
             self.emit(event="done", k=command["k"], t=time.perf_counter())
             mismatch = self._store(result, command["out"], out, inputs)
         self.emit(event="stored", k=command["k"], mismatch=mismatch)
+
+    def _seed(self, seed: Any) -> None:
+        """The judge's seed for this call, set just before forward (outside the marks):
+        a forward that draws random numbers (an LSTM's initial state, dropout in training
+        mode) draws on both sides the ones the expected outputs were computed with."""
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            return
+        torch.manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed_all(seed)
 
     def _store(
         self, result: Any, layout: list[dict[str, Any]], out: torch.Tensor, inputs: list[Any]
@@ -249,7 +286,9 @@ class Harness:
 
     def report(self) -> None:
         self.profiler.__exit__(None, None, None)
-        self.ops |= _ops(self.profiler)
+        free, used = _ops(self.profiler, self.allowed)
+        self.ops |= free
+        self.used |= used
         self._record()
         self.emit(event="report", checks=self._runtime_checks())
 
@@ -267,6 +306,12 @@ class Harness:
         frames = _FRAME_EVENTS[:1]
         return [
             common.check("runtime.torch_ops", not compute, "torch computes: " + ", ".join(compute)),
+            # what the policy let torch compute: the caller checks it against its policy
+            {
+                "name": "runtime.allowed_torch_ops",
+                "passed": True,
+                "detail": ",".join(sorted(self.used)),
+            },
             common.check(
                 "runtime.library", not libraries, "another library works: " + ", ".join(libraries)
             ),
@@ -327,6 +372,8 @@ def main(box: Path, role: str) -> None:
     os.dup2(log, 2)
     sys.addaudithook(_audit)
     threading.setprofile(_library_probe)
+    if json.loads(sys.stdin.readline() or "{}").get("cmd") != "job":  # started before its job
+        os._exit(0)
     harness = Harness(box, role, events)
     try:
         _serve(harness)
