@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from htam_engine import events
-from htam_engine.errors import NoStartError, UserError
+from htam_engine.errors import NoStartError, ReferenceFailed, UserError
 from htam_engine.evaluate.cli import add_policy_arguments, with_policy
 from htam_engine.report import format_interval, format_speedup
 
@@ -118,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
         emit=display.emit,
     )
     result = _run_interruptibly(optimizer, console)
+    if result.stopped.startswith("reference_error"):  # no candidate can be judged
+        optimizer.persist()
+        why = result.stopped.removeprefix("reference_error: ")
+        raise ReferenceFailed(f"{task.name}: {why}; fix the reference first")
     output = Path(args.output or f".htam-out/{task.name}-{result.run_id}")
     result.output_dir = str(write_outputs(result, output, suffix=Path(args.task).suffix))
     optimizer.persist()
