@@ -31,8 +31,13 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def with_policy(task: Task, args: argparse.Namespace) -> Task:
-    """`task` under the command line's `--allow-torch` and `--scale`."""
-    return _with_policy(task, getattr(args, "allow_torch", None), getattr(args, "scale", None))
+    """`task` under the command line's `--allow-torch` and `--scale`, refused (`TooLarge`)
+    when the problem as it will run does not fit this machine."""
+    from htam_engine.evaluate.sizes import refuse_if_too_large
+
+    task = _with_policy(task, getattr(args, "allow_torch", None), getattr(args, "scale", None))
+    refuse_if_too_large(task, getattr(args, "device", "auto"))
+    return task
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -70,35 +70,39 @@ RANDOM_OPS = frozenset(
     | {"normal_", "uniform_", "random_", "bernoulli", "bernoulli_"}
 )
 # Python-API names that are no computation either.
-ALLOWED_TORCH = LAYOUT_OPS | RANDOM_OPS | {
-    "tensor",
-    "as_tensor",
-    "from_numpy",
-    "device",
-    "dtype",
-    "Size",
-    "manual_seed",
-    "no_grad",
-    "inference_mode",
-    "flatten",
-    "size",
-    "stride",
-    "numel",
-    "dim",
-    "data_ptr",
-    "is_contiguous",
-    "cpu",
-    "cuda",
-    "float",
-    "double",
-    "item",
-    "tolist",
-    "get_device",
-    "current_stream",
-    "current_device",
-    "synchronize",
-    "is_available",
-}
+ALLOWED_TORCH = (
+    LAYOUT_OPS
+    | RANDOM_OPS
+    | {
+        "tensor",
+        "as_tensor",
+        "from_numpy",
+        "device",
+        "dtype",
+        "Size",
+        "manual_seed",
+        "no_grad",
+        "inference_mode",
+        "flatten",
+        "size",
+        "stride",
+        "numel",
+        "dim",
+        "data_ptr",
+        "is_contiguous",
+        "cpu",
+        "cuda",
+        "float",
+        "double",
+        "item",
+        "tolist",
+        "get_device",
+        "current_stream",
+        "current_device",
+        "synchronize",
+        "is_available",
+    }
+)
 _TORCH_ROOTS = frozenset({"torch", "F", "nn", "functional"})
 _PATCHED_ROOTS = frozenset({"time", "torch", "builtins", "sys", "gc", "inspect", "numpy"})
 

@@ -1,0 +1,200 @@
+"""How much memory a problem needs, estimated before anything runs, and the refusal of a
+problem this machine cannot hold (`--scale` shrinks it, see `task.scale_reference`).
+
+The estimate comes from a trusted child process (`python -m htam_engine.evaluate.sizes`,
+the caller imports no torch) that imports the reference, as the judge does, and calls
+`get_inputs()` and the reference's forward under `torch.device("meta")`: shapes and dtypes
+without a byte allocated. A problem that cannot run on meta tensors gets no estimate
+(nothing is refused on a guess). Estimates are kept under the HTAM home by content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from htam_engine.errors import TooLarge
+from htam_engine.evaluate.verdict import Limits
+from htam_engine.paths import subdir
+from htam_engine.task import SCALED_SIZES, Task, scale_reference
+
+ESTIMATE_TIMEOUT_S = 120.0
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes of one input set and of its outputs (None: unknown, and why)."""
+
+    inputs: int | None
+    outputs: int | None
+    why: str = ""
+
+    def needs(self, sets: int) -> dict[str, int]:
+        """What an evaluation holds, per place. A worker maps the input and output
+        buffers and holds its result (inputs + 2 x outputs); the judge keeps every input
+        set, its expected outputs and their float64 copies (about 3 x a set per set) and
+        both workers run beside it; the two boxes' buffers lie on disk."""
+        inputs, outputs = self.inputs or 0, self.outputs or 0
+        worker = inputs + 2 * outputs
+        return {
+            "worker": worker,
+            "host": 3 * sets * (inputs + outputs) + 2 * worker,
+            "disk": 2 * (inputs + outputs),
+            "device": 3 * worker,
+        }
+
+
+def _measure(source: str) -> dict[str, Any]:
+    """In the child: the reference's input and output bytes on meta tensors."""
+    import torch
+
+    from htam_engine.evaluate import common
+
+    folder = Path(tempfile.mkdtemp(prefix="htam-sizes-"))
+    try:
+        (folder / "reference.py").write_text(source)
+        with torch.device("meta"):
+            module = common.import_file("htam_reference_sizes", folder / "reference.py")
+            inputs = list(module.get_inputs())
+            found: dict[str, Any] = {"inputs": _bytes(inputs), "outputs": None, "why": ""}
+            try:
+                model = module.Model(*module.get_init_inputs())
+                with torch.no_grad():
+                    out = model(*inputs)
+                found["outputs"] = _bytes(list(out) if isinstance(out, tuple | list) else [out])
+            except Exception as error:  # a forward meta tensors cannot run
+                found["why"] = f"outputs unknown ({type(error).__name__})"
+            return found
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _bytes(values: list[Any]) -> int:
+    import torch
+
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def estimate(task: Task) -> Estimate:
+    """The sizes of `task`'s problem as it will run (scaled, if it is)."""
+    digest = hashlib.sha256(task.reference_source.encode()).hexdigest()[:24]
+    kept = subdir("sizes") / f"{digest}.json"
+    try:
+        return Estimate(**json.loads(kept.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k and "TOKEN" not in k}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "htam_engine.evaluate.sizes"],
+            input=task.reference_source,
+            capture_output=True,
+            text=True,
+            timeout=ESTIMATE_TIMEOUT_S,
+            env=env,
+        )
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        result = Estimate(found.get("inputs"), found.get("outputs"), str(found.get("why", "")))
+    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+        return Estimate(None, None, "no estimate: the reference does not run on meta tensors")
+    kept.write_text(json.dumps(result.__dict__))
+    return result
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _free_gpu_memory() -> int | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        query = ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"]
+        done = subprocess.run(query, capture_output=True, text=True, timeout=10)
+        return int(done.stdout.split()[0]) * 2**20
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def limits_here(device: str, limits: Limits) -> dict[str, tuple[int | None, str]]:
+    """What this machine gives an evaluation, per place, and what sets it."""
+    found: dict[str, tuple[int | None, str]] = {
+        "host": (_available_memory(), "available memory"),
+        "disk": (shutil.disk_usage(subdir("jobs")).free, f"free disk under {subdir('jobs')}"),
+    }
+    if device == "cpu":
+        found["worker"] = (limits.memory_mb * 2**20, "a worker's cap (Limits.memory_mb)")
+    else:
+        found["device"] = (_free_gpu_memory(), "free GPU memory")
+    return found
+
+
+def _gb(size: float) -> str:
+    return f"{size / GB:.1f} GB" if size >= GB / 10 else f"{size / 1e6:.1f} MB"
+
+
+def refuse_if_too_large(task: Task, device: str, limits: Limits | None = None) -> Estimate:
+    """Raise `TooLarge` when the problem, as it will run, needs more than this machine
+    gives an evaluation; the message names the estimate, the limit and a `--scale`."""
+    limits = limits or Limits()
+    found = estimate(task)
+    if found.inputs is None:
+        return found
+    needs = found.needs(limits.input_sets)
+    if device not in ("cpu", "cuda"):
+        device = "cuda" if task.backend == "cuda" else "cpu"
+    over = [
+        (place, needs[place], limit, what)
+        for place, (limit, what) in limits_here(
+            "cpu" if device == "cpu" else "cuda", limits
+        ).items()
+        if limit is not None and needs[place] > limit
+    ]
+    if not over:
+        return found
+    outputs = _gb(found.outputs) if found.outputs is not None else "unknown"
+    parts = [
+        f"{place} needs ~{_gb(need)}, {what} is {_gb(limit)}" for place, need, limit, what in over
+    ]
+    message = (
+        f"{task.name} is too large for this machine: one input set is {_gb(found.inputs)} "
+        f"(outputs {outputs}); {'; '.join(parts)}"
+    )
+    factor = task.scale * min(limit / need for _, need, limit, _ in over) * 0.8
+    suggestion = float(f"{factor:.1g}")
+    if not scale_reference(task.reference_source, 0.5)[1]:
+        message += f"; it has no size named {', '.join(SCALED_SIZES)} that --scale could shrink"
+    elif suggestion > 0:
+        message += f"; run it scaled down, e.g. --scale {suggestion:g} ({_sizes(task)})"
+    raise TooLarge(message)
+
+
+def _sizes(task: Task) -> str:
+    """The sizes `--scale` shrinks in this problem, as written."""
+    names = [name for name, _, _ in task.scaled] or [
+        name for name, _, _ in scale_reference(task.reference_source, 0.5)[1]
+    ]
+    return "shrinks " + ", ".join(names)
+
+
+def main() -> None:
+    print(json.dumps(_measure(sys.stdin.read())), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Sizes: a problem at KernelBench's real size (19_ReLU: a 6.4 GB input) is refused before
+anything runs, with the estimate, the limit and a `--scale` that fits; scaled, it runs and
+the verdict says it was scaled. The sweep hands the policy and the scale to every problem."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from htam_engine import sweep
+from htam_engine.errors import UserError
+from htam_engine.task import load_task, scale_reference, with_policy
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sizes"
+KERNEL = FIXTURES / "relu_kernel.py"
+
+
+def _eval(*flags: str) -> dict:
+    argv = [sys.executable, "-m", "htam_engine.cli", "eval", str(KERNEL), str(KERNEL)]
+    done = subprocess.run(
+        [*argv, "--device", "cpu", "--json", *flags], capture_output=True, text=True, timeout=300
+    )
+    return json.loads(done.stdout)
+
+
+def test_a_full_size_problem_is_refused_with_the_estimate_and_a_scale() -> None:
+    error = _eval()["error"]
+    assert error["kind"] == "too_large"
+    assert "one input set is 6.4 GB" in error["message"]
+    assert "Limits.memory_mb" in error["message"] and "--scale 0.1" in error["message"]
+    assert "batch_size" in error["message"]
+
+
+def test_scaled_down_it_runs_and_the_verdict_says_so() -> None:
+    verdict = _eval("--scale", "0.001")
+    assert verdict["error"] is None, verdict["error"]
+    assert verdict["correct"]
+    assert verdict["scaled"] == {"factor": 0.001, "sizes": {"batch_size": [4096, 4]}}
+
+
+def test_scale_shrinks_only_batch_like_module_sizes() -> None:
+    source = "batch_size = 1024 * 4\ndim = 4096\nN = 7  # rows\nM: int = 9\ndef f():\n    N = 5\n"
+    scaled, changed = scale_reference(source, 0.5)
+    assert changed == (("batch_size", 4096, 2048), ("N", 7, 3))
+    assert "dim = 4096" in scaled and "    N = 5" in scaled
+    assert "batch_size = 2048  # htam --scale 0.5: was 4096" in scaled
+    assert scale_reference("N = 1\n", 0.01)[1] == (("N", 1, 1),)  # never below 1
+    task = load_task(KERNEL)
+    with pytest.raises(UserError, match="--scale"):
+        with_policy(task, scale=1.5)
+    with pytest.raises(UserError, match="no module-level size"):
+        with_policy(
+            load_task(Path(__file__).parent / "fixtures" / "eval" / "correct.py"), scale=0.5
+        )
+
+
+def test_the_sweep_passes_the_policy_and_the_scale_to_each_problem() -> None:
+    args = argparse.Namespace(
+        steps=1, provider="offline", device="cpu", model=None, base_url=None, cassette=None,
+        allow_torch="gemm, conv", scale=0.25,
+    )  # fmt: skip
+    argv = sweep.optimize_argv(args)
+    assert argv[argv.index("--allow-torch") + 1] == "gemm,conv"
+    assert argv[argv.index("--scale") + 1] == "0.25"
+    args.allow_torch = "mm;rm -rf"
+    with pytest.raises(UserError, match="--allow-torch"):
+        sweep.optimize_argv(args)
