@@ -42,7 +42,8 @@ class Completion:
     """One answer. `cost_usd` is 0 for cached answers: nothing was paid for them.
 
     `form` says how the answer was constrained: `text` (free text), `tool` (Anthropic
-    tool use), `json_schema` / `json_object` (OpenAI response_format) or `prompted`
+    tool use), `json_schema` / `json_grammar` (llama.cpp's json_object with a schema) /
+    `json_object` (OpenAI response_format) or `prompted`
     (JSON asked for in the prompt only). `truncated`: the answer hit `max_tokens`.
     """
 
