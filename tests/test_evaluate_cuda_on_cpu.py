@@ -81,7 +81,7 @@ def test_eval_on_cpu_compile_checks_cuda_with_nvcc_and_times_nothing(tmp_path: P
     )
     verdict = json.loads(done.stdout)
     assert verdict["error"]["kind"] == "no_gpu", verdict["error"]
-    assert "compile-checked local_source.py with nvcc" in verdict["error"]["message"]
+    assert "local_source.py compiled with nvcc" in verdict["error"]["message"]
     assert "nothing timed" in verdict["error"]["message"]
     assert verdict["compiled"] and verdict["speedup"] is None and verdict["runtime_ms"] is None
     assert "CUDA_HOME" not in done.stdout + done.stderr

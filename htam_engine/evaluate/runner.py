@@ -245,8 +245,8 @@ def _compile_only(task: Task, source: str, verdict: Verdict, limits: Limits) -> 
         else:
             verdict.compiled = True
             message = (
-                f"{where}: compile-checked {display_name(task)} with nvcc -arch={ARCH} only, "
-                "nothing timed"
+                f"{where}: {display_name(task)} compiled with nvcc -arch={ARCH} only (a "
+                "compile check), nothing timed"
             )
     verdict.error = EvalError("no_gpu", message)
     return verdict
