@@ -77,8 +77,14 @@ class ProblemResult:
             steps=len(steps),
             prompt_tokens=sum(int(s.get("prompt_tokens") or 0) for s in steps),
             wall_s=wall_s,
-            message=str(error.get("message", "")) if error else str(done.get("stopped", "")),
+            message=str(error.get("message", "")) if error else _why(done),
         )
+
+
+def _why(done: dict[str, Any]) -> str:
+    """How a finished run stopped, and what its numbers can say (correctness only)."""
+    stopped, note = str(done.get("stopped", "")), str(done.get("note") or "")
+    return f"{stopped}; {note}" if note else stopped
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -266,8 +272,10 @@ def metrics(results: Sequence[ProblemResult]) -> dict[str, Any]:
     """KernelBench's metrics over ALL problems (a failure counts in every denominator).
 
     fast_p: the share of problems that are correct and faster than PyTorch by more than p
-    (fast_0 is the correct rate). geomean_correct: over correct problems only;
-    geomean_all: a problem without a correct kernel counts as 1.0x (PyTorch is kept).
+    (fast_0 is the correct rate: a correct kernel that was not timed, Triton under its
+    interpreter, counts there and nowhere faster). geomean_correct: over correct timed
+    problems only; geomean_all: a problem without a timed correct kernel counts as 1.0x
+    (PyTorch is kept).
     """
     n = len(results)
     speedups = [r.speedup for r in results if r.correct and r.speedup]
@@ -275,7 +283,8 @@ def metrics(results: Sequence[ProblemResult]) -> dict[str, Any]:
     logs = [math.log(s) for s in speedups]
     return {
         "problems": n,
-        "fast_0": len(speedups) / n,
+        "fast_0": sum(r.correct for r in results) / n,
+        "untimed": sum(r.correct and not r.speedup for r in results),
         **fast,
         "geomean_correct": math.exp(sum(logs) / len(logs)) if logs else None,
         "geomean_all": math.exp(sum(logs) / n),
@@ -300,7 +309,9 @@ def markdown(summary: dict[str, Any]) -> str:
         "| --- | --- | ---: | ---: | ---: | --- |",
     ]
     for r in summary["problems"]:
-        outcome = "correct" if r["correct"] else r["status"]
+        outcome = (
+            r["status"] if not r["correct"] else "correct" if r["speedup"] else "correct, untimed"
+        )
         lines.append(
             f"| {r['key']} | {outcome} | {format_speedup(r['speedup'])} "
             f"| {format_speedup(r['over_start'])} "

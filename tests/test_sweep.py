@@ -129,3 +129,22 @@ def test_a_bare_problem_is_translated_first_then_replayed_in_a_sweep(tmp_path: P
     summary = json.loads(swept.stdout)
     assert summary["metrics"]["fast_0"] == 1.0, summary["problems"]
     assert summary["problems"][0]["speedup"] > 0
+
+
+def test_a_triton_form_problem_is_swept_and_counted_correct_untimed(tmp_path: Path) -> None:
+    """KernelBench's Triton form (a `@triton.jit` ModelNew) on a CPU: verified under the
+    interpreter, not timed; it counts in the correct rate and nowhere faster."""
+    require(None if importlib.util.find_spec("triton") else "triton is not installed")
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "htam_engine.cli", "bench", "kernelbench"]
+    argv += [str(KERNELBENCH.parent / "kernelbench_triton"), "--provider", "offline"]
+    argv += ["--steps", "1", "--device", "cpu", "--out", str(out), "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    (problem,) = summary["problems"]
+    assert problem["key"] == "level1/19_ReLU" and problem["correct"]
+    assert problem["speedup"] is None and "Triton" in problem["message"]
+    m = summary["metrics"]
+    assert (m["fast_0"], m["fast_1"], m["untimed"], m["geomean_all"]) == (1.0, 0.0, 1, 1.0)
+    assert "| level1/19_ReLU | correct, untimed |" in (out / "summary.md").read_text()
