@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from htam_engine.evaluate import Limits, cache, evaluate
-from htam_engine.evaluate.runner import _judged
+from htam_engine.evaluate.runner import _judged, run_candidate
+from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.evaluate.verdict import Verdict
 from htam_engine.task import TaskError, allowed_ops, load_task, parse_allow_torch, with_policy
 
@@ -111,3 +113,18 @@ def test_the_policy_travels_in_the_job_not_in_the_candidate(tmp_path: Path) -> N
     assert task.allow_torch == ()
     verdict = evaluate(replace(task), text, device="cpu", limits=QUICK)
     assert verdict.error is not None and verdict.error.kind == "not_custom_kernel"
+
+
+def test_an_aten_kernel_re_registered_by_the_candidate_is_no_library_gemm() -> None:
+    """aten::mm re-registered to compute the whole problem with other torch ops: the
+    static check calls it cheating; past it, the runtime check still finds torch computing
+    below the 'allowed' mm (only a bias add or a copy may run inside an allowed op)."""
+    task = with_policy(load_task(POLICY / "aten_override.py"), allow_torch="gemm")
+    source = task.impl_source or ""
+    verdict = evaluate(task, source, device="cpu", limits=QUICK, use_cache=False)
+    assert verdict.error is not None and verdict.error.kind == "cheating"
+    assert "static.aten_override" in verdict.error.message
+    past_static = Verdict(device="cpu", sandbox=sandbox_mode())
+    verdict = run_candidate(task, source, past_static, QUICK, threading.Event(), lambda _p: None)
+    assert verdict.error is not None and verdict.error.kind == "not_custom_kernel"
+    assert "relu" in verdict.error.message.split("(")[0]

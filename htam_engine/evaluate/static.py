@@ -563,6 +563,22 @@ def _patched_targets(view: _PyView, node: ast.AST) -> list[list[str]]:
     return []
 
 
+def _aten_override(view: _PyView) -> str:
+    """torch.library registrations into the `aten` namespace: a kernel of the candidate's
+    under a library op's name (what `--allow-torch` allows would not be the library)."""
+    found = []
+    for node in view.walk():
+        if not isinstance(node, ast.Call):
+            continue
+        chain = view.resolve(node.func)
+        if chain[:2] != ["torch", "library"]:
+            continue
+        names = [_folded(arg) for arg in [*node.args, *(k.value for k in node.keywords)]]
+        if any(n is not None and (n == "aten" or n.startswith("aten::")) for n in names):
+            found.append((node.lineno, f"{'.'.join(chain)}(aten ...)"))
+    return _hits(found)
+
+
 def _monkeypatch(view: _PyView) -> str:
     return _hits(
         (getattr(node, "lineno", 0), f"patches {'.'.join(chain)}")
@@ -694,6 +710,7 @@ def static_checks(
         "static.torch_compute": lambda: _torch_compute(tree, allowed),
         "static.try_except": lambda: _try_except(tree),
         "static.monkeypatch": lambda: _monkeypatch(view),
+        "static.aten_override": lambda: _aten_override(view),
         "static.dynamic_code": lambda: _dynamic_code(view),
         "static.tensor_subclass": lambda: _tensor_subclass(tree),
     }

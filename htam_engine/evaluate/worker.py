@@ -112,22 +112,35 @@ def _op_name(event: Any) -> str:
     return str(event.name).split("::")[-1]
 
 
+# What an allowed library op runs inside itself besides layout ops (a convolution's or
+# a transposed convolution's bias add, GEMM's alpha/beta scaling). Anything else below
+# an allowed op counts as torch compute: an `aten::mm` a candidate re-implemented with
+# other torch ops is no library GEMM.
+_INSIDE_ALLOWED = frozenset(
+    {"add", "add_", "mul", "mul_", "copy_", "fill_", "zero_", "as_strided_", "_nnpack_available"}
+)
+
+
 def _ops(prof: profile, allowed: frozenset[str]) -> tuple[set[str], set[str]]:
     """(ops that ran outside every allowed op, the allowed ops that ran). An op run
-    inside an allowed one is part of it (a transposed convolution's bias add); of
-    nested allowed ops (`linear` calling `addmm`) the outermost is named."""
+    inside an allowed one is part of it when it is one of `_INSIDE_ALLOWED` (or layout,
+    or allowed itself); of nested allowed ops (`linear` calling `addmm`) the outermost
+    is named."""
     free: set[str] = set()
     used: set[str] = set()
     for event in prof.function_events:
-        outer, node = None, event
+        outer, node = None, event.cpu_parent
         while node is not None:
             if _op_name(node) in allowed:
                 outer = _op_name(node)
             node = node.cpu_parent
-        if outer is not None:
-            used.add(outer)
+        name = _op_name(event)
+        if name in allowed:
+            used.add(outer or name)
+        elif outer is not None and (name in _INSIDE_ALLOWED or name.rstrip("_") in allowed):
+            used.add(outer)  # e.g. `mv` running `addmv_`
         else:
-            free.add(_op_name(event))
+            free.add(name)
     return free, used
 
 
