@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -101,6 +102,7 @@ def estimate(task: Task) -> Estimate:
             text=True,
             timeout=ESTIMATE_TIMEOUT_S,
             env=env,
+            preexec_fn=_capped,  # a get_inputs that allocates for real cannot take the machine
         )
         found = json.loads(done.stdout.strip().splitlines()[-1])
         result = Estimate(found.get("inputs"), found.get("outputs"), str(found.get("why", "")))
@@ -108,6 +110,12 @@ def estimate(task: Task) -> Estimate:
         return Estimate(None, None, "no estimate: the reference does not run on meta tensors")
     kept.write_text(json.dumps(result.__dict__))
     return result
+
+
+def _capped() -> None:
+    """The estimating child's address space, capped as a CPU worker's is."""
+    cap = Limits().memory_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
 def _available_memory() -> int | None:
