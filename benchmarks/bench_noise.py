@@ -10,6 +10,10 @@ the same run, alternating. Reported per checkout and condition: the speedups, th
 spread (max/min), how many loaded runs' intervals contain the idle median, and the
 per-candidate overhead (the whole command's wall time less its timing phase).
 
+Then, in one process as the loop evaluates (this checkout only), the overhead per
+candidate with every judge started cold and with one started ahead
+(`standby.keep_warm`), alternating: what an evaluation costs besides its timing.
+
 The baseline's engine, judge and timing run from DIR; its sandboxed workers import
 this checkout's installed package (the sandbox passes no PYTHONPATH), so the two differ
 in how they time, not in the harness inside the box.
@@ -127,6 +131,29 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def overhead_in_process(task: str, candidate: str, runs: int) -> dict[str, float]:
+    """Median seconds per evaluation besides timing, cold and with a judge started ahead
+    (a second's pause between evaluations stands for writing the next candidate)."""
+    from htam_engine.evaluate import evaluate, standby
+    from htam_engine.task import load_task
+
+    loaded_task = load_task(ROOT / candidate)
+    source = (ROOT / candidate).read_text()
+    seen: dict[str, list[float]] = {"cold": [], "started ahead": []}
+    for _ in range(runs):
+        for mode, warm in (("cold", False), ("started ahead", True)):
+            standby.keep_warm(warm)
+            evaluate(loaded_task, source, device="cpu", use_cache=False)  # fills the spare
+            time.sleep(1.0)
+            start = time.perf_counter()
+            verdict = evaluate(loaded_task, source, device="cpu", use_cache=False)
+            wall = time.perf_counter() - start
+            seen[mode].append(wall - verdict.phase_seconds.get("time", 0.0))
+            time.sleep(1.0)
+    standby.keep_warm(False)
+    return {mode: statistics.median(values) for mode, values in seen.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, help="an older checkout to compare against")
@@ -149,9 +176,16 @@ def main() -> None:
             runs[name]["loaded"].append(loaded(checkout, args.task, args.candidate, env))
     results = {name: summarise(r["idle"], r["loaded"]) for name, r in runs.items()}
     print(table(results))
+    os.environ["HTAM_HOME"] = env["HTAM_HOME"]
+    overhead = overhead_in_process(args.task, args.candidate, args.runs)
+    print(
+        "\noverhead per candidate in one process (besides timing): "
+        + ", ".join(f"{mode} {seconds:.2f} s" for mode, seconds in overhead.items())
+    )
     if args.out:
         data = {"task": args.task, "candidate": args.candidate, "cores": os.cpu_count()}
-        args.out.write_text(json.dumps({**data, "results": results, "runs": runs}, indent=1))
+        data.update(results=results, runs=runs, overhead_in_process=overhead)
+        args.out.write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":

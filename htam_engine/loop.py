@@ -21,7 +21,7 @@ from typing import Any
 
 from htam_engine import events, implement, parsing
 from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
-from htam_engine.evaluate import Verdict, evaluate
+from htam_engine.evaluate import Verdict, evaluate, standby
 from htam_engine.evaluate.cache import usable_as_baseline
 from htam_engine.evaluate.runner import compare
 from htam_engine.events import Phase, Step
@@ -192,6 +192,13 @@ class Optimizer:
     # -- the loop -------------------------------------------------------------------
 
     def run(self) -> RunResult:
+        standby.keep_warm(True)  # one candidate after another: each judge starts ahead
+        try:
+            return self._run()
+        finally:
+            standby.keep_warm(False)
+
+    def _run(self) -> RunResult:
         try:
             start = self._translate() if not self.result.best_source else self._start()
         except RunStopped as stop:  # the translation's verdict said nothing about it
@@ -439,9 +446,17 @@ class Optimizer:
         return status, duel.speedup, summary
 
     def _compare(self, candidate: str, incumbent: str) -> Verdict:
-        return compare(
-            self.task, candidate, incumbent, device=self.config.device, cancel=self.cancel
-        )
+        """The pair timed together; a cached duel that is no baseline is timed again."""
+
+        def duel(use_cache: bool) -> Verdict:
+            device, cancel = self.config.device, self.cancel
+            return compare(self.task, candidate, incumbent, device=device, cancel=cancel,
+                           use_cache=use_cache)  # fmt: skip
+
+        verdict = duel(self.config.use_cache)
+        if verdict.cached and not usable_as_baseline(verdict):
+            verdict = duel(use_cache=False)
+        return verdict
 
     def _status(self, verdict: Verdict) -> tuple[Status, float | None]:
         """The outcome status and the speedup over the best so far (reference-normalised)."""

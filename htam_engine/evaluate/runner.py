@@ -10,30 +10,26 @@ The job folder is locked while it lives; folders of dead evaluations are removed
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
 import secrets
-import shutil
-import signal
 import statistics
-import tempfile
+import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from htam_engine import stats, triton_backend
 from htam_engine.errors import UserError
-from htam_engine.evaluate import cache, excerpt
+from htam_engine.evaluate import cache, excerpt, standby
 from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
-from htam_engine.evaluate.process import Child, Stop, python_module
+from htam_engine.evaluate.process import Child, Stop
 from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.evaluate.static import static_checks
 from htam_engine.evaluate.verdict import SUSPECT_SPEEDUP, Check, EvalError, Limits, Verdict
-from htam_engine.paths import subdir
 from htam_engine.task import Task, allowed_ops, guess_backend
 from htam_engine.vocabulary import TORCH_OP_GROUPS
 
@@ -49,7 +45,6 @@ _INCORRECT = frozenset({"output.shape", "output.dtype", "output.finite", "output
 _NOT_CUSTOM = frozenset({"runtime.torch_ops", "runtime.library", "static.torch_compute"})
 _TORCH_USED = "runtime.allowed_torch_ops"  # the worker's word on the allowed ops it ran
 _STATIC_CALL = re.compile(r"line \d+: (?P<call>[\w.]+)")
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
 def gpu_available() -> bool:
@@ -81,12 +76,15 @@ def evaluate(
     use_cache: bool = True,
     cancel: threading.Event | None = None,
     on_phase: Callable[[str], None] | None = None,
+    incumbent: str | None = None,
 ) -> Verdict:
-    """Compile, verify and time `candidate_source` against `task`'s reference."""
+    """Compile, verify and time `candidate_source` against `task`'s reference (with
+    `incumbent`, timed against that instead: `compare`)."""
     limits = limits or Limits()
     resolved = resolve_device(device, task)
     mode = sandbox_mode()
-    key = cache.key(task, candidate_source, resolved, limits, sandbox=mode)  # policy too
+    content = candidate_source if incumbent is None else f"{candidate_source}\0vs\0{incumbent}"
+    key = cache.key(task, content, resolved, limits, sandbox=mode)  # policy too
     if use_cache and (hit := cache.get(key, sandbox=mode)) is not None:
         return hit
     verdict = _evaluate(
@@ -96,6 +94,7 @@ def evaluate(
         limits,
         cancel or threading.Event(),
         on_phase or (lambda _phase: None),
+        incumbent,
     )
     # Written even when not read: a re-measurement replaces the verdict it re-measured.
     if verdict.error is None or verdict.error.kind not in _UNCACHED:
@@ -103,29 +102,12 @@ def evaluate(
     return verdict
 
 
-def compare(
-    task: Task,
-    candidate_source: str,
-    incumbent_source: str,
-    *,
-    device: str = "auto",
-    limits: Limits | None = None,
-    cancel: threading.Event | None = None,
-    on_phase: Callable[[str], None] | None = None,
-) -> Verdict:
+def compare(task: Task, candidate_source: str, incumbent_source: str, **options: Any) -> Verdict:
     """`candidate_source` verified against `task`'s reference but timed in pairs against
     `incumbent_source` (an implementation verified before), so `speedup` and `interval`
-    are over the incumbent, from calls at the same moments. Never cached: it settles
-    one comparison."""
-    return _evaluate(
-        task,
-        candidate_source,
-        resolve_device(device, task),
-        limits or Limits(),
-        cancel or threading.Event(),
-        on_phase or (lambda _phase: None),
-        incumbent=incumbent_source,
-    )
+    are over the incumbent, from calls at the same moments. `options` are `evaluate`'s;
+    the pair is cached as one content."""
+    return evaluate(task, candidate_source, incumbent=incumbent_source, **options)
 
 
 def _evaluate(
@@ -173,10 +155,24 @@ def run_candidate(
     ):
         return _compile_only(task, source, verdict, limits)
     on_phase("compile")
-    with _job_dir() as jobdir:
-        _write_job(jobdir, task, source, verdict.device, limits, incumbent)
-        _run(jobdir, task, source, verdict, limits, cancel, on_phase)
+    with standby.judge_for(_workers(task, verdict.device, limits)) as started:
+        _write_job(started.jobdir, task, source, verdict.device, limits, incumbent)
+        started.judge.send("job")
+        try:
+            _phases(started.judge, task, verdict, limits, cancel, on_phase)
+        except Stop as stop:
+            _error(verdict, stop, source)
     return verdict
+
+
+def _workers(task: Task, device: str, limits: Limits) -> dict[str, Any]:
+    """What the sandboxed workers are started with, before their job is known."""
+    return {
+        "device": device,
+        "threads": timing_threads(),
+        "memory_mb": limits.memory_mb,
+        "backend": task.backend,
+    }
 
 
 def _fail(
@@ -252,45 +248,6 @@ def _compile_only(task: Task, source: str, verdict: Verdict, limits: Limits) -> 
     return verdict
 
 
-def _stale(folder: Path) -> bool:
-    """A job folder whose evaluation is gone (its owner's lock is free)."""
-    try:
-        descriptor = os.open(folder / ".owner", os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return time.time() - folder.stat().st_mtime > 60  # not yet (or never) locked
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(descriptor)
-
-
-def clean_stale_jobs() -> int:
-    """Remove the job folders of evaluations that died; the number removed."""
-    removed = 0
-    for folder in subdir("jobs").iterdir():
-        with contextlib.suppress(OSError):
-            if folder.is_dir() and _stale(folder):
-                shutil.rmtree(folder, ignore_errors=True)
-                removed += 1
-    return removed
-
-
-@contextlib.contextmanager
-def _job_dir() -> Iterator[Path]:
-    clean_stale_jobs()
-    jobdir = Path(tempfile.mkdtemp(prefix="eval-", dir=subdir("jobs")))
-    owner = os.open(jobdir / ".owner", os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(owner, fcntl.LOCK_EX)  # held while this evaluation lives
-    try:
-        yield jobdir
-    finally:
-        shutil.rmtree(jobdir, ignore_errors=True)
-        os.close(owner)
-
-
 def _write_job(
     jobdir: Path,
     task: Task,
@@ -312,10 +269,6 @@ def _write_job(
         "init_seed": secrets.randbelow(2**31),
         "allow_torch": sorted(allowed_ops(task.allow_torch)),
     }
-    for role in ("reference", "candidate"):
-        box = jobdir / role
-        for folder in ("tmp", "build", "cache", "torch_extensions"):
-            (box / folder).mkdir(parents=True)
     candidate_job = {**worker_job, "candidate_file": f"candidate/{name}"}
     for role, code in (("candidate", source), ("reference", incumbent)):
         if code is not None:
@@ -347,39 +300,6 @@ def timing_threads() -> int:
     1-thread op's holds (benchmarks/bench_threads.py; README, "What a measured number
     means"); a candidate's own OpenMP threads are its business, as its code's."""
     return 1
-
-
-def _judge_env() -> dict[str, str]:
-    """The judge is trusted but needs no secrets either."""
-    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
-def _run(
-    jobdir: Path,
-    task: Task,
-    source: str,
-    verdict: Verdict,
-    limits: Limits,
-    cancel: threading.Event,
-    on_phase: Callable[[str], None],
-) -> None:
-    judge = Child(
-        "judge",
-        python_module("htam_engine.evaluate.judge", str(jobdir)),
-        jobdir,
-        _judge_env(),
-        jobdir / "judge.log",
-        token=secrets.token_hex(16),
-        death_signal=signal.SIGTERM,  # it cleans up the job folder when the caller dies
-    )
-    try:
-        _phases(judge, task, verdict, limits, cancel, on_phase)
-    except Stop as stop:
-        _error(verdict, stop, source)
-    finally:
-        judge.kill()
 
 
 def _timed(verdict: Verdict, phase: str, start: float) -> None:
@@ -498,10 +418,34 @@ def _record_conditions(verdict: Verdict, load_before: float, target: float) -> N
     """How far the timing can be trusted: converged, and the machine's load around it."""
     cores = len(os.sched_getaffinity(0))
     load = {"before": load_before, "after": os.getloadavg()[0], "cores": cores}
+    if verdict.device == "cuda":
+        load.update(gpu_clocks())
     verdict.load = load
     verdict.converged = bool(verdict.interval) and verdict.interval["half_width"] <= target
     # No convergence, or more runnable work than cores besides this timing: noisy.
     verdict.noisy = not verdict.converged or max(load["before"], load["after"]) > cores
+
+
+_GPU_QUERY = {
+    "clocks.sm": "sm_clock_mhz",
+    "clocks.mem": "mem_clock_mhz",
+    "temperature.gpu": "temp_c",
+}
+
+
+def gpu_clocks() -> dict[str, float]:
+    """The first visible GPU's clocks and temperature right after timing, where
+    nvidia-smi reads them (a throttled GPU times slow)."""
+    device = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    command = ["nvidia-smi", f"--query-gpu={','.join(_GPU_QUERY)}", "-i", device]
+    try:
+        done = subprocess.run(
+            [*command, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5
+        )
+        values = [float(v) for v in done.stdout.strip().split(",")]
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return {}
+    return dict(zip(_GPU_QUERY.values(), values, strict=False)) if done.returncode == 0 else {}
 
 
 def _error(verdict: Verdict, stop: Stop, source: str) -> Verdict:

@@ -1,0 +1,162 @@
+"""Job folders and the judges that serve them, with one judge started ahead.
+
+A judge and its two sandboxed workers take about two seconds to start (three Python
+interpreters importing torch), which is most of what a candidate costs besides its own
+compile and timing. A process that evaluates one candidate after another (the loop, a
+sweep) can keep one spare started in the background (`keep_warm`): the next evaluation
+with the same device, threads, memory and backend takes it, and a new spare is started
+once that evaluation is over (never while it is timed). A spare has seen no job: its
+workers wait, having imported nothing of any task, and every judge serves one job and
+is killed with its folder, so isolation is what it is without the spare.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from htam_engine.evaluate.process import Child, python_module
+from htam_engine.paths import subdir
+
+ROLES = ("reference", "candidate")
+_BOX_FOLDERS = ("tmp", "build", "cache", "torch_extensions")
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
+
+
+@dataclass
+class Started:
+    """A judge, started in its own job folder for workers of `workers` (device,
+    threads, memory_mb, backend), waiting for its job."""
+
+    jobdir: Path
+    judge: Child
+    workers: dict[str, Any]
+    owner: int  # the folder's lock, held while the judge lives
+
+    def finish(self) -> None:
+        self.judge.kill()
+        shutil.rmtree(self.jobdir, ignore_errors=True)
+        os.close(self.owner)
+
+
+def start(workers: dict[str, Any]) -> Started:
+    """A new job folder (both boxes, `standby.json`) and its judge, started."""
+    clean_stale_jobs()
+    jobdir = Path(tempfile.mkdtemp(prefix="eval-", dir=subdir("jobs")))
+    owner = os.open(jobdir / ".owner", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    for role in ROLES:
+        for folder in _BOX_FOLDERS:
+            (jobdir / role / folder).mkdir(parents=True)
+    (jobdir / "standby.json").write_text(json.dumps(workers))
+    judge = Child(
+        "judge",
+        python_module("htam_engine.evaluate.judge", str(jobdir)),
+        jobdir,
+        _judge_env(),
+        jobdir / "judge.log",
+        token=secrets.token_hex(16),
+        death_signal=signal.SIGTERM,  # it cleans up the job folder when the caller dies
+    )
+    return Started(jobdir, judge, workers, owner)
+
+
+class _Spare:
+    """The one judge this process keeps started ahead, if asked to."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.warm = False
+        self.started: Started | None = None
+
+    def take(self, workers: dict[str, Any]) -> Started:
+        with self.lock:
+            spare, self.started = self.started, None
+        if spare is not None and spare.workers == workers and spare.judge.popen.poll() is None:
+            return spare
+        if spare is not None:
+            spare.finish()
+        return start(workers)
+
+    def refill(self, workers: dict[str, Any]) -> None:
+        with self.lock:
+            if not self.warm or self.started is not None:
+                return
+            self.started = start(workers)
+
+    def release(self) -> None:
+        with self.lock:
+            spare, self.started = self.started, None
+        if spare is not None:
+            spare.finish()
+
+
+_SPARE = _Spare()
+atexit.register(_SPARE.release)
+
+
+def keep_warm(on: bool) -> None:
+    """Keep a judge started ahead for the next evaluation (off: none, and the spare
+    is killed)."""
+    _SPARE.warm = on
+    if not on:
+        _SPARE.release()
+
+
+@contextlib.contextmanager
+def judge_for(workers: dict[str, Any]) -> Iterator[Started]:
+    """A started judge for one job (the spare when it fits), finished afterwards; a new
+    spare is started after it when `keep_warm` is on."""
+    started = _SPARE.take(workers)
+    try:
+        yield started
+    finally:
+        started.finish()
+        _SPARE.refill(workers)
+
+
+def _stale(folder: Path) -> bool:
+    """A job folder whose evaluation is gone (its owner's lock is free)."""
+    try:
+        descriptor = os.open(folder / ".owner", os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return time.time() - folder.stat().st_mtime > 60  # not yet (or never) locked
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(descriptor)
+
+
+def clean_stale_jobs() -> int:
+    """Remove the job folders of evaluations that died; the number removed."""
+    removed = 0
+    for folder in subdir("jobs").iterdir():
+        with contextlib.suppress(OSError):
+            if folder.is_dir() and _stale(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed += 1
+    return removed
+
+
+def _judge_env() -> dict[str, str]:
+    """The judge is trusted but needs no secrets either."""
+    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
