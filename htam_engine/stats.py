@@ -55,12 +55,28 @@ def paired_speedup(
     resamples: int = RESAMPLES,
     seed: int = 0,
 ) -> Interval:
-    """The median pair's speedup with a percentile-bootstrap interval of that median."""
+    """The median pair's speedup with a percentile-bootstrap interval of that median.
+
+    Pairs are resampled in runs of consecutive ones (a moving-block bootstrap, blocks of
+    about sqrt(n) pairs): a machine's state lasts longer than one pair, so neighbouring pairs
+    share their error, and resampling them one by one would make the interval too
+    narrow whenever the state drifted during the timing."""
     logs = log_ratios(reference_s, candidate_s)
     rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(logs, k=len(logs))) for _ in range(resamples))
+    medians = sorted(statistics.median(_block_resample(logs, rng)) for _ in range(resamples))
     tail = (1 - confidence) / 2
     low = medians[int(tail * (resamples - 1))]
     high = medians[int(math.ceil((1 - tail) * (resamples - 1)))]
     estimate = statistics.median(logs)
     return Interval(math.exp(estimate), math.exp(low), math.exp(high), len(logs))
+
+
+def _block_resample(values: list[float], rng: random.Random) -> list[float]:
+    """len(values) values, drawn as blocks of consecutive ones from random starts."""
+    n = len(values)
+    block = max(1, round(n**0.5))
+    drawn: list[float] = []
+    while len(drawn) < n:
+        start = rng.randrange(n - block + 1)
+        drawn.extend(values[start : start + block])
+    return drawn[:n]

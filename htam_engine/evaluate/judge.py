@@ -55,6 +55,9 @@ WARMUP = 2
 MIN_TRIALS = 10
 JUDGED_SHARE = 0.3  # of the timed calls, besides the last
 TIMING_BUDGET_S = 6.0  # past MIN_TRIALS, timing stops here even if not yet converged
+# ... and goes on at least this long, so that an interval never rests on one short, lucky
+# stretch of the machine's state (a second of 10 pairs at 30 ms saw one state)
+MIN_TIMING_S = 1.0
 CHECK_EVERY = 5  # trials between two looks at the interval (a bootstrap costs ~10 ms)
 STOP_RESAMPLES = 500
 CALL_LIMIT_FACTOR = 500.0  # a timed call may take this many times the reference's (naive
@@ -520,10 +523,11 @@ class Judge:
             core = quietest_core()
             for side in self.sides.values():
                 pin(side.child, core)
-        budget = time.monotonic() + min(TIMING_BUDGET_S, self.job["time_s"] * 0.8)
+        started = time.monotonic()
+        budget = started + min(TIMING_BUDGET_S, self.job["time_s"] * 0.8)
         items = self.out_items[0]
         for k in range(WARMUP + self.job["max_trials"]):
-            final = self._enough(calls, k, budget)
+            final = self._enough(calls, k, started, budget)
             inputs, seed = self._make_inputs(), _rng.randrange(2**63)
             judged = final or _rng.random() < JUDGED_SHARE
             got: dict[str, Outputs] = {}
@@ -550,14 +554,14 @@ class Judge:
         median_s = statistics.median(c.wall_ms for c in calls["reference"]) / 1e3
         return max(CALL_LIMIT_FLOOR_S, CALL_LIMIT_FACTOR * median_s)
 
-    def _enough(self, calls: dict[str, list[Call]], k: int, budget: float) -> bool:
-        """Whether call `k` is the last: the paired speedup's 95 % interval is narrow
-        enough (`job["target_half_width"]`), or the trial cap or (past the minimum of
-        trials) the time budget is reached."""
+    def _enough(self, calls: dict[str, list[Call]], k: int, started: float, budget: float) -> bool:
+        """Whether call `k` is the last: past the minimum of trials and of time, the
+        paired speedup's 95 % interval is narrow enough (`job["target_half_width"]`) or
+        the time budget is spent; or the trial cap is reached."""
         if k + 1 >= WARMUP + self.job["max_trials"]:
             return True
         done = min(len(c) for c in calls.values()) - WARMUP
-        if done < MIN_TRIALS:
+        if done < MIN_TRIALS or time.monotonic() - started < MIN_TIMING_S:
             return False
         if time.monotonic() > budget:
             return True
