@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 CONFIDENCE = 0.95
+Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 RESAMPLES = 2000
 
 
@@ -34,6 +35,16 @@ class Interval:
 
     def narrow(self, target: float) -> bool:
         return self.half_width <= target
+
+    def with_run_to_run(self, cv: float) -> Interval:
+        """Widened, on the log scale and in quadrature, by the spread `cv` that one kernel's
+        speedup shows between evaluations (fresh workers, another moment): pairs within
+        one run cannot see it, so without it an interval is too narrow for the next run."""
+        extra = Z95 * math.log1p(cv)
+        below = math.hypot(math.log(self.estimate / self.low), extra)
+        above = math.hypot(math.log(self.high / self.estimate), extra)
+        low, high = self.estimate * math.exp(-below), self.estimate * math.exp(above)
+        return Interval(self.estimate, low, high, self.pairs)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "half_width": self.half_width}

@@ -47,7 +47,8 @@ def test_correct_candidate_is_verified_and_timed():
     interval = verdict.interval  # paired: each timed input ran on both sides
     assert interval["pairs"] == len(verdict.samples["candidate"])
     assert interval["low"] <= verdict.speedup == interval["estimate"] <= interval["high"]
-    assert verdict.converged == (interval["half_width"] <= 0.05)
+    assert verdict.converged == (interval["within_run_half_width"] <= 0.05)
+    assert interval["half_width"] > interval["within_run_half_width"]  # run to run, too
     assert verdict.threads == 1 and set(verdict.load) == {"before", "after", "cores"}
     assert verdict.noisy == (
         not verdict.converged

@@ -77,3 +77,12 @@ def test_an_interval_stays_honest_when_the_machine_state_lasts_several_pairs() -
         interval = paired_speedup(ref, [1e-3] * 40, resamples=400)
         covered += interval.low <= 1.3 <= interval.high
     assert covered / 150 >= 0.75
+
+
+def test_run_to_run_spread_widens_an_interval_and_keeps_its_estimate() -> None:
+    within = paired_speedup(*noisy_pairs(1.5, 60, 0.05, seed=5))
+    between = within.with_run_to_run(0.03)
+    assert between.estimate == within.estimate and between.pairs == within.pairs
+    assert between.low < within.low and between.high > within.high
+    assert between.half_width > 0.05 > within.half_width  # 1.96 x 3 % alone is ~5.9 %
+    assert within.with_run_to_run(0.0) == within
