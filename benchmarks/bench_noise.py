@@ -1,6 +1,7 @@
 """Does one honest kernel get the same number idle and next to a busy neighbour?
 
-    .venv/bin/python benchmarks/bench_noise.py [--baseline DIR] [--runs 5] [--out FILE.json]
+    .venv/bin/python benchmarks/bench_noise.py [--baseline DIR --baseline-python PY]
+        [--runs 5] [--out FILE.json]
 
 Evaluates one candidate (`htam eval --no-cache --json`) `--runs` times on an idle machine
 and `--runs` times beside a neighbour that keeps one core busy (a bounded busy loop in
@@ -14,9 +15,13 @@ Then, in one process as the loop evaluates (this checkout only), the overhead pe
 candidate with every judge started cold and with one started ahead
 (`standby.keep_warm`), alternating: what an evaluation costs besides its timing.
 
-The baseline's engine, judge and timing run from DIR; its sandboxed workers import
-this checkout's installed package (the sandbox passes no PYTHONPATH), so the two differ
-in how they time, not in the harness inside the box.
+The baseline runs with its own interpreter, whose path must import DIR's package first
+(the sandbox passes no PYTHONPATH to workers, and this checkout's editable install would
+win): a venv with a `.pth` naming DIR, then this venv's site-packages, does it:
+
+    python3.11 -m venv --without-pip ../base-venv
+    printf "$PWD/../htam-base\n$PWD/.venv/lib/python3.11/site-packages\n" \
+        > ../base-venv/lib/python3.11/site-packages/aaa-base.pth
 """
 
 from __future__ import annotations
@@ -44,14 +49,18 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def evaluate(checkout: Path, task: str, candidate: str, env: dict[str, str]) -> dict[str, Any]:
-    """One `htam eval` of `candidate` by the engine in `checkout`."""
-    command = [sys.executable, "-m", "htam_engine.cli", "eval", task, candidate]
+Engine = tuple[str, Path]  # an interpreter and the checkout it runs in (`-m` imports from it)
+
+
+def evaluate(engine: Engine, task: str, candidate: str, env: dict[str, str]) -> dict[str, Any]:
+    """One `htam eval` of `candidate` by `engine`."""
+    python, checkout = engine
+    command = [python, "-m", "htam_engine.cli", "eval", str(ROOT / task), str(ROOT / candidate)]
     start = time.perf_counter()
     done = subprocess.run(
         [*command, "--no-cache", "--json"],
-        cwd=ROOT,
-        env={**env, "PYTHONPATH": str(checkout)},
+        cwd=checkout,
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
@@ -77,13 +86,13 @@ def evaluate(checkout: Path, task: str, candidate: str, env: dict[str, str]) -> 
     }
 
 
-def loaded(checkout: Path, task: str, candidate: str, env: dict[str, str]) -> dict[str, Any]:
+def loaded(engine: Engine, task: str, candidate: str, env: dict[str, str]) -> dict[str, Any]:
     """One evaluation beside a neighbour burning a core for as long as it runs."""
     neighbour = multiprocessing.Process(target=_spin, args=(600.0,), daemon=True)
     neighbour.start()
     time.sleep(0.5)
     try:
-        return evaluate(checkout, task, candidate, env)
+        return evaluate(engine, task, candidate, env)
     finally:
         neighbour.terminate()
         neighbour.join(5)
@@ -157,14 +166,18 @@ def overhead_in_process(task: str, candidate: str, runs: int) -> dict[str, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, help="an older checkout to compare against")
+    parser.add_argument("--baseline-python", help="an interpreter that imports --baseline's code")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--task", default=TASK)
     parser.add_argument("--candidate", default=CANDIDATE)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    checkouts = {"this checkout": ROOT}
+    checkouts: dict[str, Engine] = {"this checkout": (sys.executable, ROOT)}
     if args.baseline:
-        checkouts = {f"baseline ({args.baseline.name})": args.baseline.resolve(), **checkouts}
+        if not args.baseline_python:
+            parser.error("--baseline needs --baseline-python (see the docstring)")
+        baseline = (args.baseline_python, args.baseline.resolve())
+        checkouts = {f"baseline ({args.baseline.name})": baseline, **checkouts}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HTAM_HOME"] = tempfile.mkdtemp(prefix="htam-bench-noise-")  # not the user's data
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
