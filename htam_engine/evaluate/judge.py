@@ -182,27 +182,25 @@ class Call:
 def samples(
     calls: dict[str, list[Call]], trusted_marks: bool = True
 ) -> tuple[list[float], list[float], float]:
-    """Milliseconds per timed call (warm-up dropped): each side is charged its own time
-    (wall less what neighbours took) less the harness's share of a call (staging,
-    copying the outputs out, waking up): the lower quartile over the reference's calls
-    of wall minus marked time (a neighbour's slice can fall inside the marks or outside,
-    and the calls it missed show the harness alone); none when the reference side's
-    marks are not to be believed (it holds another candidate). Work a candidate defers
-    past `done` is still counted."""
+    """Milliseconds per timed call (warm-up dropped), each call's time less what
+    neighbours took (the share of its wall time they held, `own_ms / wall_ms`).
+
+    The reference is charged its marked kernel time so scaled; the harness's share of a
+    call (staging, copying the outputs out, waking up) is the median over the reference's
+    calls of the rest, and the candidate is charged its own time less that share: work
+    it defers past `done` is still counted. When the reference side's marks are not to
+    be believed (it holds another candidate) both are charged their own time."""
     reference = calls["reference"][WARMUP:]
-    share = 0.0
-    if reference and trusted_marks:
-        share = _lower_quartile([c.wall_ms - c.marked_ms for c in reference])
+    if not (reference and trusted_marks):
+        share, kernel = 0.0, [c.own_ms for c in reference]
+    else:
+        kernel = [c.marked_ms * c.own_ms / c.wall_ms for c in reference]
+        share = statistics.median(c.own_ms - k for c, k in zip(reference, kernel, strict=True))
     return (
-        [max(c.own_ms - share, _FLOOR_MS) for c in reference],
+        [max(k, _FLOOR_MS) for k in kernel],
         [max(c.own_ms - share, _FLOOR_MS) for c in calls["candidate"][WARMUP:]],
         share,
     )
-
-
-def _lower_quartile(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 4]
 
 
 def accounting_summary(calls: dict[str, list[Call]]) -> dict[str, float]:
@@ -382,7 +380,13 @@ class Judge:
         return event
 
     def call(
-        self, side: Side, inputs: list[Any], out_items: list[dict], limit_s: float, seed: int
+        self,
+        side: Side,
+        inputs: list[Any],
+        out_items: list[dict],
+        limit_s: float,
+        seed: int,
+        phase: str = "time",
     ) -> Call:
         """Run one call on `side` (seeded with `seed` before its forward), timed by this
         process's clock; the side is left stopped, its outputs in its `out.bin`."""
@@ -404,7 +408,7 @@ class Judge:
         start = time.perf_counter()  # the inputs are in place; the worker is stopped
         thaw(side.child)
         side.child.send(json.dumps(command))
-        marks = [self._expect(side, mark, limit_s, "call") for mark in _MARKS]
+        marks = [self._expect(side, mark, limit_s, f"a {phase} call") for mark in _MARKS]
         # read before `freeze`: a stop waits for a CPU as well, after the call
         after = side.books(members) if before else None
         freeze(side.child)
@@ -437,9 +441,10 @@ class Judge:
         side = self.sides["candidate"]
         for index, inputs in enumerate(self.sets):
             limit = self.job["verify_s"]
-            mismatch = self.call(
-                side, inputs, self.out_items[index], limit, self.seeds[index]
-            ).mismatch
+            made = self.call(
+                side, inputs, self.out_items[index], limit, self.seeds[index], "verify"
+            )
+            mismatch = made.mismatch
             if mismatch:
                 self.verify.fail("output.shape", f"input set {index + 1}", mismatch)
                 continue
