@@ -140,7 +140,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def overhead_in_process(task: str, candidate: str, runs: int) -> dict[str, float]:
+def overhead_in_process(candidate: str, runs: int) -> dict[str, float]:
     """Median seconds per evaluation besides timing, cold and with a judge started ahead
     (a second's pause between evaluations stands for writing the next candidate)."""
     from htam_engine.evaluate import evaluate, standby
@@ -190,7 +190,7 @@ def main() -> None:
     results = {name: summarise(r["idle"], r["loaded"]) for name, r in runs.items()}
     print(table(results))
     os.environ["HTAM_HOME"] = env["HTAM_HOME"]
-    overhead = overhead_in_process(args.task, args.candidate, args.runs)
+    overhead = overhead_in_process(args.candidate, args.runs)  # its task: its own binding
     print(
         "\noverhead per candidate in one process (besides timing): "
         + ", ".join(f"{mode} {seconds:.2f} s" for mode, seconds in overhead.items())
