@@ -1,8 +1,10 @@
 """The judge started ahead (`standby.keep_warm`): the next evaluation takes it, each judge
-serves one job and goes with its folder, and a spare that does not fit is not used."""
+serves one job and goes with its folder, and a spare that does not fit (other limits,
+another reference) is not used."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,13 +54,34 @@ def test_each_evaluation_takes_the_spare_and_leaves_a_fresh_one(warm: None) -> N
     assert standby._SPARE.started is None and not any(subdir("jobs").iterdir())
 
 
-def test_a_spare_for_other_workers_is_not_used(warm: None) -> None:
+@pytest.mark.parametrize("change", ["limits", "reference"])
+def test_a_spare_for_another_job_is_not_used(warm: None, change: str) -> None:
     run("correct.py")
     spare = _spare()
-    other = {**spare.workers, "memory_mb": spare.workers["memory_mb"] // 2}
-    taken = standby._SPARE.take(other)
+    ahead, reference = spare.ahead, spare.reference
+    if change == "limits":
+        ahead = {**ahead, "memory_mb": ahead["memory_mb"] // 2}
+    else:
+        reference += "\n# another reference\n"
+    taken = standby._SPARE.take(ahead, reference)
     try:
-        assert taken.jobdir != spare.jobdir and taken.workers == other
+        assert taken.jobdir != spare.jobdir
+        assert (taken.ahead, taken.reference) == (ahead, reference)
+        assert (taken.jobdir / "reference.py").read_text() == reference
         assert spare.judge.popen.poll() is not None and not spare.jobdir.exists()
     finally:
         taken.finish()
+
+
+def test_a_spare_prepares_its_inputs_before_any_candidate(warm: None) -> None:
+    """The spare's judge has made its input sets and expected outputs (its workers are
+    waiting) before the caller wrote a candidate into its folder."""
+    run("correct.py")
+    spare = _spare()
+    for _ in range(300):  # the spare starts in the background: up to 30 s on a busy CI
+        if all((spare.jobdir / role / "init.pt").exists() for role in standby.ROLES):
+            break
+        time.sleep(0.1)
+    assert all((spare.jobdir / role / "init.pt").exists() for role in standby.ROLES)
+    assert not any((spare.jobdir / role / "candidate").exists() for role in standby.ROLES)
+    assert not (spare.jobdir / "job.json").exists()

@@ -106,8 +106,10 @@ def close(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
 
 
 def relative_error(out: torch.Tensor, exact: torch.Tensor) -> float:
-    scale = float(exact.double().norm()) or 1.0
-    return float((out.double() - exact.double()).norm()) / scale
+    """The relative L2 error of `out` against the float64 `exact`."""
+    exact = exact.double()
+    scale = float(torch.linalg.vector_norm(exact)) or 1.0
+    return float(torch.linalg.vector_norm(torch.sub(out, exact))) / scale
 
 
 class Checks:
@@ -282,9 +284,7 @@ class Judge:
         self.verify = Checks(_VERIFY_CHECKS)
         self.timing = Checks(_TIMING_CHECKS)
         self.accounting: dict[str, float] = {}
-        # Comparing two candidates: the reference side holds the incumbent (untrusted,
-        # already verified), and timed outputs are judged against the reference itself.
-        self.compare = bool(job.get("compare"))
+        self.compare = False
 
     # the caller's channel -------------------------------------------------------------
     def emit(self, **event: Any) -> None:
@@ -313,10 +313,8 @@ class Judge:
             return [o.detach().cpu() for o in _as_list(model(*moved))]
 
     def prepare(self) -> None:
-        """Let both workers read their job, make the input sets and the expected outputs,
-        and the workers' init arguments and buffers."""
-        for side in self.sides.values():
-            side.child.send(json.dumps({"cmd": "job"}))
+        """Make the input sets and the expected outputs, and the workers' init arguments
+        and buffers: all before the candidate is known (`standby`)."""
         torch.set_num_threads(self.job["threads"])
         torch.manual_seed(self.job["init_seed"])
         init = list(self.reference.get_init_inputs())
@@ -349,6 +347,18 @@ class Judge:
             ]
         except Exception:  # a reference that only works in its own dtype
             return None
+
+    def take(self, job: dict[str, Any]) -> None:
+        """The caller's job for the candidate now in the boxes: it must be the one this
+        judge prepared for."""
+        if any(job.get(key) != value for key, value in self.job.items()):
+            raise Stop("runtime_error", "the job does not match the judge started for it")
+        self.job = job
+        # Comparing two candidates: the reference side holds the incumbent (untrusted,
+        # already verified), and timed outputs are judged against the reference itself.
+        self.compare = bool(job.get("compare"))
+        for side in self.sides.values():
+            side.child.send(json.dumps({"cmd": "job"}))  # each reads its box's job
 
     def load(self) -> None:
         for side in self.sides.values():
@@ -444,35 +454,46 @@ class Judge:
             made = self.call(
                 side, inputs, self.out_items[index], limit, self.seeds[index], "verify"
             )
-            mismatch = made.mismatch
-            if mismatch:
-                self.verify.fail("output.shape", f"input set {index + 1}", mismatch)
+            if made.mismatch:
+                self.verify.fail("output.shape", f"input set {index + 1}", made.mismatch)
                 continue
             got = self.outputs(side, self.out_items[index])
-            self._judge_set(index, got, self.inputs_after(side, inputs))
+            after = self.inputs_after(side, inputs)
+            # The worker runs on while its copies are judged: a result still being written
+            # after `done` (a side stream, a thread) is read again once LATE_CHECK_S passed.
             thaw(side.child)
-            time.sleep(LATE_CHECK_S)
+            late_at = time.monotonic() + LATE_CHECK_S
+            wrong = self._judge_set(index, got, after)
+            time.sleep(max(0.0, late_at - time.monotonic()))
             side.child.send(json.dumps({"cmd": "late", "out": self.out_items[index],
                                         "out_size": side.outbuf.numel()}))  # fmt: skip
-            self._expect(side, "late", self.job["verify_s"], "verify")
+            self._expect(side, "late", limit, "verify")
             freeze(side.child)
-            self._late(index, got, self.outputs(side, self.out_items[index]))
+            if wrong:
+                self._late(index, wrong, self.outputs(side, self.out_items[index]))
 
-    def _judge_set(self, index: int, got: Outputs, after: list[Any]) -> None:
+    def _judge_set(self, index: int, got: Outputs, after: list[Any]) -> list[int]:
+        """Judge input set `index`'s outputs `got` and inputs `after` the call; the
+        numbers of the outputs that were wrong."""
         where = f"input set {index + 1}"
         for number, (before, now) in enumerate(zip(self.sets[index], after, strict=True)):
             if isinstance(before, torch.Tensor) and not _same(before, now):
                 self.verify.fail("output.inputs_unchanged", where, f"input {number} was modified")
+        wrong = []
         for number, (out, ref) in enumerate(zip(got, self.expected[index], strict=True)):
-            if out.is_floating_point() and not bool(torch.isfinite(out).all()):
-                bad = int((~torch.isfinite(out)).sum())
-                self.verify.fail("output.finite", where, f"output {number}: {bad} NaN/Inf values")
-                continue
-            ok, detail = close(out, ref)
+            ok, detail = close(out, ref)  # a NaN or Inf output is never close
             if not ok:
-                self._wrong(index, out, detail)
+                wrong.append(number)
+                if out.is_floating_point() and not bool(torch.isfinite(out).all()):
+                    bad = int((~torch.isfinite(out)).sum())
+                    self.verify.fail(
+                        "output.finite", where, f"output {number}: {bad} NaN/Inf values"
+                    )
+                else:
+                    self._wrong(index, out, detail)
             elif self.exact is not None and ref.dtype == torch.float32:
                 self._precision(index, out, ref, self.exact[index][number])
+        return wrong
 
     def _wrong(self, index: int, out: torch.Tensor, detail: str) -> None:
         where = f"input set {index + 1}"
@@ -501,14 +522,14 @@ class Judge:
                 f"reference's is {ref_error:.2e} (half-precision arithmetic?)",
             )
 
-    def _late(self, index: int, got: Outputs, late: Outputs) -> None:
-        for out, again, ref in zip(got, late, self.expected[index], strict=True):
-            if not close(out, ref)[0] and close(again, ref)[0]:
-                self.verify.fail(
-                    "output.synchronous",
-                    f"input set {index + 1}",
-                    "the result was completed after forward returned (side stream or thread)",
-                )
+    def _late(self, index: int, wrong: list[int], late: Outputs) -> None:
+        """Outputs `wrong` at `done` but right when read again: completed afterwards."""
+        if any(close(late[number], self.expected[index][number])[0] for number in wrong):
+            self.verify.fail(
+                "output.synchronous",
+                f"input set {index + 1}",
+                "the result was completed after forward returned (side stream or thread)",
+            )
 
     def report(self) -> list[dict[str, Any]]:
         side = self.sides["candidate"]
@@ -593,7 +614,6 @@ class Judge:
 
     # the whole evaluation -------------------------------------------------------------
     def run(self) -> None:
-        self.prepare()
         self.load()
         self.emit(event="compiled", sandbox=sandbox.sandbox_mode())
         self.wait_caller("verify")
@@ -641,9 +661,9 @@ def _die_cleanly(jobdir: Path, sides: dict[str, Side]) -> None:
 
 
 def main(jobdir: Path) -> None:
-    """Start both workers from `standby.json` at once, then wait for the caller's `job`
-    line: a judge can stand by, started, before its candidate exists (`runner`'s spare);
-    it serves one job and ends."""
+    """Start both workers from `standby.json` at once and prepare the reference's side,
+    then wait for the caller's `job` line: a judge can stand by, ready, before its
+    candidate exists (`standby`); it serves one job and ends."""
     token = sys.stdin.readline().strip()
     libc = ctypes.CDLL(None)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)  # orphans of the workers come back to us
@@ -652,12 +672,12 @@ def main(jobdir: Path) -> None:
     standby = json.loads((jobdir / "standby.json").read_text())
     try:
         sides.update((role, Side(role, jobdir, standby)) for role in ROLES)
+        judge = Judge(jobdir, standby, token, sides)
+        judge.prepare()
         if sys.stdin.readline().strip() != "job":
             raise SystemExit(0)
-        job = json.loads((jobdir / "job.json").read_text())
-        if any(job[key] != value for key, value in standby.items()):
-            raise Stop("runtime_error", "the job does not match the workers started for it")
-        Judge(jobdir, job, token, sides).run()
+        judge.take(json.loads((jobdir / "job.json").read_text()))
+        judge.run()
     except SystemExit:
         pass
     except Stop as stop:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import statistics
 import subprocess
 import threading
@@ -37,6 +36,7 @@ DEVICES = ("auto", "cuda", "cpu")
 MAX_TRIALS = 100
 # The 95 % interval's half-width at which timing stops, relative to the speedup.
 TARGET_HALF_WIDTH = {"cpu": 0.05, "cuda": 0.01}
+_WORKER_KEYS = ("name", "kind", "backend", "entry", "device", "init_seed", "allow_torch")
 # How much one kernel's speedup moves between evaluations, beyond what its pairs show:
 # CPU, the coefficient of variation over 10 evaluations of examples/softmax/cpu_naive.py
 # on a 2-core machine, idle and next to a busy neighbour (benchmarks/bench_noise.py:
@@ -160,8 +160,8 @@ def run_candidate(
     ):
         return _compile_only(task, source, verdict, limits)
     on_phase("compile")
-    with standby.judge_for(_workers(task, verdict.device, limits)) as started:
-        _write_job(started.jobdir, task, source, verdict.device, limits, incumbent)
+    with standby.judge_for(_ahead(task, verdict.device, limits), task.reference_source) as started:
+        _write_job(started, task, source, incumbent)
         started.judge.send("job")
         try:
             _phases(started.judge, task, verdict, limits, cancel, on_phase)
@@ -170,13 +170,24 @@ def run_candidate(
     return verdict
 
 
-def _workers(task: Task, device: str, limits: Limits) -> dict[str, Any]:
-    """What the sandboxed workers are started with, before their job is known."""
+def _ahead(task: Task, device: str, limits: Limits) -> dict[str, Any]:
+    """All of a job that is known before its candidate: a judge started ahead prepares
+    its workers, input sets and expected outputs from it."""
     return {
-        "device": device,
-        "threads": timing_threads(),
-        "memory_mb": limits.memory_mb,
+        "name": task.name,
+        "kind": task.kind,
         "backend": task.backend,
+        "entry": task.entry,
+        "device": device,
+        "allow_torch": sorted(allowed_ops(task.allow_torch)),
+        "input_sets": limits.input_sets,
+        "max_trials": MAX_TRIALS,
+        "target_half_width": TARGET_HALF_WIDTH.get(device, 0.05),
+        "compile_s": limits.compile_s,
+        "verify_s": limits.verify_s,
+        "time_s": limits.time_s,
+        "memory_mb": limits.memory_mb,
+        "threads": timing_threads(),
     }
 
 
@@ -254,49 +265,24 @@ def _compile_only(task: Task, source: str, verdict: Verdict, limits: Limits) -> 
 
 
 def _write_job(
-    jobdir: Path,
-    task: Task,
-    source: str,
-    device: str,
-    limits: Limits,
-    incumbent: str | None = None,
+    started: standby.Started, task: Task, source: str, incumbent: str | None = None
 ) -> None:
     """The judge's job (outside any box) and each worker's box: the candidate's holds
     its file, the reference's the reference (or, comparing, the incumbent's file);
     neither holds seeds or inputs."""
     name = display_name(task)
-    worker_job = {
-        "name": task.name,
-        "kind": task.kind,
-        "backend": task.backend,
-        "entry": task.entry,
-        "device": device,
-        "init_seed": secrets.randbelow(2**31),
-        "allow_torch": sorted(allowed_ops(task.allow_torch)),
-    }
+    worker_job = {key: started.job[key] for key in _WORKER_KEYS}
     candidate_job = {**worker_job, "candidate_file": f"candidate/{name}"}
     for role, code in (("candidate", source), ("reference", incumbent)):
         if code is not None:
-            (jobdir / role / "candidate").mkdir()
-            (jobdir / role / "candidate" / name).write_text(code)
-            (jobdir / role / "job.json").write_text(json.dumps(candidate_job))
-    (jobdir / "reference" / "reference.py").write_text(task.reference_source)
-    (jobdir / "reference.py").write_text(task.reference_source)
+            (started.jobdir / role / "candidate").mkdir()
+            (started.jobdir / role / "candidate" / name).write_text(code)
+            (started.jobdir / role / "job.json").write_text(json.dumps(candidate_job))
     if incumbent is None:
-        (jobdir / "reference" / "job.json").write_text(json.dumps(worker_job))
-    job = {
-        **worker_job,
-        "compare": incumbent is not None,
-        "input_sets": limits.input_sets,
-        "max_trials": MAX_TRIALS,
-        "target_half_width": TARGET_HALF_WIDTH.get(device, 0.05),
-        "compile_s": limits.compile_s,
-        "verify_s": limits.verify_s,
-        "time_s": limits.time_s,
-        "memory_mb": limits.memory_mb,
-        "threads": timing_threads(),
-    }
-    (jobdir / "job.json").write_text(json.dumps(job))
+        (started.jobdir / "reference" / "reference.py").write_text(task.reference_source)
+        (started.jobdir / "reference" / "job.json").write_text(json.dumps(worker_job))
+    job = {**started.job, "compare": incumbent is not None}
+    (started.jobdir / "job.json").write_text(json.dumps(job))
 
 
 def timing_threads() -> int:

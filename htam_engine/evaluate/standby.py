@@ -1,13 +1,15 @@
 """Job folders and the judges that serve them, with one judge started ahead.
 
 A judge and its two sandboxed workers take about two seconds to start (three Python
-interpreters importing torch), which is most of what a candidate costs besides its own
-compile and timing. A process that evaluates one candidate after another (the loop, a
-sweep) can keep one spare started in the background (`keep_warm`): the next evaluation
-with the same device, threads, memory and backend takes it, and a new spare is started
-once that evaluation is over (never while it is timed). A spare has seen no job: its
-workers wait, having imported nothing of any task, and every judge serves one job and
-is killed with its folder, so isolation is what it is without the spare.
+interpreters importing torch), and the judge's input sets and expected outputs a few
+tenths more: most of what a candidate costs besides its own compile and timing. All of
+it depends on the task, never on the candidate, so a process that evaluates one
+candidate after another (the loop, a sweep) can keep one spare started in the
+background (`keep_warm`): the next evaluation of the same task and limits takes it, and
+a new spare is started once that evaluation is over (never while it is timed). A spare
+has seen no candidate: its workers wait, having imported nothing of any task, the judge
+made its inputs before the code that meets them existed, and every judge serves one job
+and is killed with its folder, so isolation is what it is without the spare.
 """
 
 from __future__ import annotations
@@ -39,13 +41,20 @@ _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE
 
 @dataclass
 class Started:
-    """A judge, started in its own job folder for workers of `workers` (device,
-    threads, memory_mb, backend), waiting for its job."""
+    """A judge, started in its own job folder for the job `ahead` (everything but the
+    candidate) of the reference `reference`, waiting for its candidate; `job` is `ahead`
+    with the judge's init seed."""
 
     jobdir: Path
     judge: Child
-    workers: dict[str, Any]
+    ahead: dict[str, Any]
+    reference: str
+    job: dict[str, Any]
     owner: int  # the folder's lock, held while the judge lives
+
+    def fits(self, ahead: dict[str, Any], reference: str) -> bool:
+        alive = self.judge.popen.poll() is None
+        return alive and self.ahead == ahead and self.reference == reference
 
     def finish(self) -> None:
         self.judge.kill()
@@ -53,8 +62,9 @@ class Started:
         os.close(self.owner)
 
 
-def start(workers: dict[str, Any]) -> Started:
-    """A new job folder (both boxes, `standby.json`) and its judge, started."""
+def start(ahead: dict[str, Any], reference: str) -> Started:
+    """A new job folder (both boxes, `reference.py`, `standby.json`) and its judge,
+    started."""
     clean_stale_jobs()
     jobdir = Path(tempfile.mkdtemp(prefix="eval-", dir=subdir("jobs")))
     owner = os.open(jobdir / ".owner", os.O_RDWR | os.O_CREAT, 0o600)
@@ -62,7 +72,9 @@ def start(workers: dict[str, Any]) -> Started:
     for role in ROLES:
         for folder in _BOX_FOLDERS:
             (jobdir / role / folder).mkdir(parents=True)
-    (jobdir / "standby.json").write_text(json.dumps(workers))
+    job = {**ahead, "init_seed": secrets.randbelow(2**31)}
+    (jobdir / "reference.py").write_text(reference)
+    (jobdir / "standby.json").write_text(json.dumps(job))
     judge = Child(
         "judge",
         python_module("htam_engine.evaluate.judge", str(jobdir)),
@@ -72,7 +84,7 @@ def start(workers: dict[str, Any]) -> Started:
         token=secrets.token_hex(16),
         death_signal=signal.SIGTERM,  # it cleans up the job folder when the caller dies
     )
-    return Started(jobdir, judge, workers, owner)
+    return Started(jobdir, judge, ahead, reference, job, owner)
 
 
 class _Spare:
@@ -83,20 +95,20 @@ class _Spare:
         self.warm = False
         self.started: Started | None = None
 
-    def take(self, workers: dict[str, Any]) -> Started:
+    def take(self, ahead: dict[str, Any], reference: str) -> Started:
         with self.lock:
             spare, self.started = self.started, None
-        if spare is not None and spare.workers == workers and spare.judge.popen.poll() is None:
+        if spare is not None and spare.fits(ahead, reference):
             return spare
         if spare is not None:
             spare.finish()
-        return start(workers)
+        return start(ahead, reference)
 
-    def refill(self, workers: dict[str, Any]) -> None:
+    def refill(self, ahead: dict[str, Any], reference: str) -> None:
         with self.lock:
             if not self.warm or self.started is not None:
                 return
-            self.started = start(workers)
+            self.started = start(ahead, reference)
 
     def release(self) -> None:
         with self.lock:
@@ -118,15 +130,15 @@ def keep_warm(on: bool) -> None:
 
 
 @contextlib.contextmanager
-def judge_for(workers: dict[str, Any]) -> Iterator[Started]:
+def judge_for(ahead: dict[str, Any], reference: str) -> Iterator[Started]:
     """A started judge for one job (the spare when it fits), finished afterwards; a new
     spare is started after it when `keep_warm` is on."""
-    started = _SPARE.take(workers)
+    started = _SPARE.take(ahead, reference)
     try:
         yield started
     finally:
         started.finish()
-        _SPARE.refill(workers)
+        _SPARE.refill(ahead, reference)
 
 
 def _stale(folder: Path) -> bool:
