@@ -13,7 +13,8 @@ per-candidate overhead (the whole command's wall time less its timing phase).
 
 Then, in one process as the loop evaluates (this checkout only), the overhead per
 candidate with every judge started cold and with one started ahead
-(`standby.keep_warm`), alternating: what an evaluation costs besides its timing.
+(`standby.keep_warm`), the next candidate coming 1 s or 5 s after the evaluation before,
+alternating: what an evaluation costs besides its timing.
 
 The baseline runs with its own interpreter, whose path must import DIR's package first
 (the sandbox passes no PYTHONPATH to workers, and this checkout's editable install would
@@ -140,26 +141,34 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+OVERHEAD_MODES = (  # (name, a judge started ahead, seconds until the next candidate)
+    ("cold", False, 1.0),
+    ("ahead, next candidate after 1 s", True, 1.0),
+    ("ahead, next candidate after 5 s", True, 5.0),
+)
+
+
 def overhead_in_process(candidate: str, runs: int) -> dict[str, float]:
-    """Median seconds per evaluation besides timing, cold and with a judge started ahead
-    (a second's pause between evaluations stands for writing the next candidate)."""
+    """Median seconds per evaluation besides timing, with every judge started cold and
+    with one started ahead, the next candidate coming 1 s (a mechanical rewrite) or 5 s
+    (an LLM's answer) after the evaluation before, alternating."""
     from htam_engine.evaluate import evaluate, standby
     from htam_engine.task import load_task
 
     loaded_task = load_task(ROOT / candidate)
     source = (ROOT / candidate).read_text()
-    seen: dict[str, list[float]] = {"cold": [], "started ahead": []}
+    seen: dict[str, list[float]] = {mode: [] for mode, _, _ in OVERHEAD_MODES}
     for _ in range(runs):
-        for mode, warm in (("cold", False), ("started ahead", True)):
+        for mode, warm, pause_s in OVERHEAD_MODES:
             standby.keep_warm(warm)
             evaluate(loaded_task, source, device="cpu", use_cache=False)  # fills the spare
-            time.sleep(1.0)
+            time.sleep(pause_s)
             start = time.perf_counter()
             verdict = evaluate(loaded_task, source, device="cpu", use_cache=False)
             wall = time.perf_counter() - start
             seen[mode].append(wall - verdict.phase_seconds.get("time", 0.0))
+            standby.keep_warm(False)
             time.sleep(1.0)
-    standby.keep_warm(False)
     return {mode: statistics.median(values) for mode, values in seen.items()}
 
 
