@@ -64,7 +64,8 @@ class Step:
     note: str = ""  # why there was no code, or how a repair turn went
     llm: dict[str, Any] = field(default_factory=dict)  # LLM attempts and this step's usage
     # the candidate timed in pairs against the best so far, which confirmed or refused
-    # a win the reference ratios suggested: speedup, interval (low, high), confirmed
+    # a win the reference ratios suggested: speedup, interval (low, high), confirmed,
+    # and the runs pooled (duels: an ambiguous duel is timed again)
     versus_best: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -23,7 +23,7 @@ from htam_engine import events, implement, parsing
 from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
 from htam_engine.evaluate import Verdict, evaluate, standby
 from htam_engine.evaluate.cache import usable_as_baseline
-from htam_engine.evaluate.runner import compare
+from htam_engine.evaluate.runner import compare, pooled_interval
 from htam_engine.events import Phase, Step
 from htam_engine.implement import Implemented
 from htam_engine.llm import LLMError, Provider, generation_prompt, translation_prompt
@@ -40,6 +40,7 @@ Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
 # Verdicts that say nothing about a strategy: learning from them would only add noise.
 UNRUNNABLE = {"no_gpu", "cancelled", "reference_error"}
+MAX_DUELS = 3  # runs of one ambiguous duel, pooled, before a win is given up
 REFERENCE_ERROR = "reference_error"  # a run it stops says `reference_error: <why>`
 # Verdict error kinds of a candidate that compiled but failed, that are statuses of their own.
 FAILED_KINDS = {
@@ -430,30 +431,47 @@ class Optimizer:
         self, step: int, candidate: str, g: str, local_id: str
     ) -> tuple[Status, float | None, dict[str, Any]]:
         """An apparent win, timed in pairs against the best so far: improved only when the
-        lower end of that interval clears the improve margin."""
+        lower end of that interval clears the improve margin. A duel whose estimate clears
+        the margin but whose interval does not is timed again in a fresh run, up to
+        MAX_DUELS runs in all, pooled (`pooled_interval`): most of a duel's interval is
+        the spread between runs, which no run's own pairs narrow."""
         self._phase(step, "confirm", g, local_id)
-        duel = self._compare(candidate, self.result.best_source)
-        if not duel.correct or not duel.interval:
-            # it passed once: the candidate or the incumbent is flaky; only deception is
-            # the candidate's for certain
-            kind = duel.error.kind if duel.error else ""
-            status = Status.CHEATING if kind == Status.CHEATING.value else Status.NOT_IMPROVED
-            return status, None, {"error": kind}
-        low, high = duel.interval["low"], duel.interval["high"]
-        confirmed = low >= self.config.improve_margin and usable_as_baseline(duel)
-        status = Status.IMPROVED if confirmed else Status.NOT_IMPROVED
-        summary = {"speedup": duel.speedup, "low": low, "high": high, "confirmed": confirmed}
-        return status, duel.speedup, summary
+        margin = self.config.improve_margin
+        duels: list[Verdict] = []
+        while True:
+            duel = self._compare(candidate, self.result.best_source, fresh=bool(duels))
+            if not duel.correct or not duel.interval:
+                # it passed once: the candidate or the incumbent is flaky; only deception
+                # is the candidate's for certain
+                kind = duel.error.kind if duel.error else ""
+                cheated = kind == Status.CHEATING.value
+                return Status.CHEATING if cheated else Status.NOT_IMPROVED, None, {"error": kind}
+            duels.append(duel)
+            pooled = pooled_interval(duels)
+            ambiguous = pooled.low < margin <= pooled.estimate
+            if not ambiguous or len(duels) == MAX_DUELS or self.cancel.is_set():
+                break
+        usable = all(usable_as_baseline(d) for d in duels)
+        confirmed = pooled.low >= margin and usable
+        summary = {
+            "speedup": pooled.estimate,
+            "low": pooled.low,
+            "high": pooled.high,
+            "confirmed": confirmed,
+            "duels": len(duels),
+        }
+        return Status.IMPROVED if confirmed else Status.NOT_IMPROVED, pooled.estimate, summary
 
-    def _compare(self, candidate: str, incumbent: str) -> Verdict:
-        """The pair timed together; a cached duel that is no baseline is timed again."""
+    def _compare(self, candidate: str, incumbent: str, fresh: bool = False) -> Verdict:
+        """The pair timed together (`fresh`: in a new run, whatever is cached); a cached
+        duel that is no baseline is timed again."""
 
         def duel(use_cache: bool) -> Verdict:
             device, cancel = self.config.device, self.cancel
             return compare(self.task, candidate, incumbent, device=device, cancel=cancel,
                            use_cache=use_cache)  # fmt: skip
 
-        verdict = duel(self.config.use_cache)
+        verdict = duel(self.config.use_cache and not fresh)
         if verdict.cached and not usable_as_baseline(verdict):
             verdict = duel(use_cache=False)
         return verdict

@@ -8,6 +8,7 @@ which must take the same decisions.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -237,3 +238,55 @@ def test_a_suspect_speedup_never_becomes_the_best(task: Path, tmp_path: Path) ->
         assert optimizer._status(failed)[0] == FAILED_KINDS.get(kind, Status.INCORRECT)
     untimed = Verdict(compiled=True, correct=True, note="not timed: Triton interpreter")
     assert optimizer._status(untimed) == (Status.NOT_IMPROVED, None)
+
+
+@pytest.mark.parametrize(
+    ("duels", "runs", "confirmed"),
+    [
+        ([1.10, 1.06, 1.12], 3, True),  # each run alone is ambiguous; pooled, a win
+        ([1.25], 1, True),  # clear at once: not timed again
+        ([0.99], 1, False),  # no win by its estimate: not timed again
+        ([1.03, 0.98], 2, False),  # pooled, no win by its estimate: stops there
+        ([1.04, 1.03, 1.05], 3, False),  # still ambiguous after MAX_DUELS: given up
+    ],
+)
+def test_an_ambiguous_duel_is_timed_again_and_pooled(
+    task: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    duels: list[float],
+    runs: int,
+    confirmed: bool,
+) -> None:
+    """The duels' numbers are scripted here (their real path is the offline run above):
+    what is tested is the rule that times a duel again and pools the runs."""
+    from htam_engine import loop
+    from htam_engine.evaluate import Verdict
+    from htam_engine.evaluate.runner import RUN_TO_RUN_CV
+    from htam_engine.memory import MemoryStore
+    from htam_engine.stats import Interval
+    from htam_engine.task import load_task
+    from htam_engine.vocabulary import Status
+
+    asked: list[bool] = []
+
+    def compare(*_args: object, use_cache: bool, **_options: object) -> Verdict:
+        asked.append(use_cache)
+        speedup = duels[len(asked) - 1]
+        within = Interval(speedup, speedup * 0.99, speedup * 1.01, 40)  # +-1 % in the run
+        between = within.with_run_to_run(RUN_TO_RUN_CV["cpu"])
+        interval = {**between.to_json(), "within_run_half_width": within.half_width}
+        timed = {"compiled": True, "correct": True, "runtime_ms": 1.0, "device": "cpu"}
+        return Verdict(**timed, speedup=speedup, interval=interval)
+
+    monkeypatch.setattr(loop, "compare", compare)
+    store = MemoryStore(tmp_path / "home")
+    config = loop.LoopConfig(steps=1, device="cpu")
+    optimizer = loop.Optimizer(load_task(task), "", provider=None, store=store, config=config)
+    status, speedup, summary = optimizer._settle(1, "candidate", "g", "l")
+    assert summary["duels"] == len(asked) == runs
+    assert asked[1:] == [False] * (runs - 1), "a new run never reads the cache"
+    assert summary["confirmed"] is confirmed
+    assert status == (Status.IMPROVED if confirmed else Status.NOT_IMPROVED)
+    assert speedup == pytest.approx(math.prod(duels) ** (1 / runs))
+    assert summary["low"] < speedup < summary["high"]

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from htam_engine.stats import paired_speedup
+from htam_engine.stats import Z95, paired_speedup, pooled
 
 
 def noisy_pairs(speedup: float, n: int, noise: float, seed: int) -> tuple[list[float], list[float]]:
@@ -86,3 +86,31 @@ def test_run_to_run_spread_widens_an_interval_and_keeps_its_estimate() -> None:
     assert between.low < within.low and between.high > within.high
     assert between.half_width > 0.05 > within.half_width  # 1.96 x 3 % alone is ~5.9 %
     assert within.with_run_to_run(0.0) == within
+
+
+def test_pooled_runs_narrow_with_their_number_and_keep_the_geometric_mean() -> None:
+    one = pooled([(1.1, 0.01, 50)], 0.045)
+    assert one.estimate == pytest.approx(1.1)
+    assert one.low == pytest.approx(1.1 / one.high * 1.1)  # symmetric on the log scale
+    three = pooled([(1.05, 0.01, 50), (1.1, 0.01, 50), (1.15, 0.01, 50)], 0.045)
+    assert three.estimate == pytest.approx((1.05 * 1.1 * 1.15) ** (1 / 3))
+    assert three.pairs == 150
+    assert three.half_width < one.half_width / 1.6  # about 1 / sqrt(3) of it
+    with pytest.raises(ValueError):
+        pooled([], 0.045)
+
+
+def test_pooled_runs_cover_the_true_ratio_when_runs_differ_by_cv() -> None:
+    """Each run's ratio is off by its own run-level error (CV 4.5 %) plus a within-run
+    error its half-width states: pooled intervals of 3 runs hold the true ratio at about
+    the stated 95 %."""
+    rng = random.Random(11)
+    cv, within, covered, trials = 0.045, 0.01, 0, 2000
+    for _ in range(trials):
+        runs = [
+            (1.1 * math.exp(rng.gauss(0, cv) + rng.gauss(0, within / Z95)), within, 40)
+            for _ in range(3)
+        ]
+        interval = pooled(runs, cv)
+        covered += interval.low <= 1.1 <= interval.high
+    assert 0.92 <= covered / trials <= 0.99

@@ -115,6 +115,17 @@ def compare(task: Task, candidate_source: str, incumbent_source: str, **options:
     return evaluate(task, candidate_source, incumbent=incumbent_source, **options)
 
 
+def pooled_interval(verdicts: list[Verdict]) -> stats.Interval:
+    """One interval from timed verdicts of the same candidate (or pair) in separate runs:
+    the run-to-run spread that widens each one shrinks as the runs are averaged."""
+    runs = [
+        (v.speedup, v.interval["within_run_half_width"], int(v.interval["pairs"]))
+        for v in verdicts
+        if v.speedup and v.interval
+    ]
+    return stats.pooled(runs, RUN_TO_RUN_CV.get(verdicts[0].device, 0.0))
+
+
 def _evaluate(
     task: Task,
     source: str,
