@@ -13,8 +13,8 @@ per-candidate overhead (the whole command's wall time less its timing phase).
 
 Then, in one process as the loop evaluates (this checkout only), the overhead per
 candidate with every judge started cold and with one started ahead
-(`standby.keep_warm`), the next candidate coming 1 s or 5 s after the evaluation before,
-alternating: what an evaluation costs besides its timing.
+(`standby.keep_warm`), the next candidate coming 0, 1 or 5 s after the evaluation
+before, alternating: what an evaluation costs besides its timing.
 
 The baseline runs with its own interpreter, whose path must import DIR's package first
 (the sandbox passes no PYTHONPATH to workers, and this checkout's editable install would
@@ -143,6 +143,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 OVERHEAD_MODES = (  # (name, a judge started ahead, seconds until the next candidate)
     ("cold", False, 1.0),
+    ("ahead, next candidate at once", True, 0.0),
     ("ahead, next candidate after 1 s", True, 1.0),
     ("ahead, next candidate after 5 s", True, 5.0),
 )
@@ -150,8 +151,8 @@ OVERHEAD_MODES = (  # (name, a judge started ahead, seconds until the next candi
 
 def overhead_in_process(candidate: str, runs: int) -> dict[str, float]:
     """Median seconds per evaluation besides timing, with every judge started cold and
-    with one started ahead, the next candidate coming 1 s (a mechanical rewrite) or 5 s
-    (an LLM's answer) after the evaluation before, alternating."""
+    with one started ahead, the next candidate coming at once (a mechanical rewrite),
+    after 1 s, or after 5 s (an LLM's answer), alternating."""
     from htam_engine.evaluate import evaluate, standby
     from htam_engine.task import load_task
 
