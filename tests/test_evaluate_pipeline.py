@@ -14,6 +14,7 @@ from htam_engine.evaluate import Limits, evaluate
 from htam_engine.task import load_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+SOFTMAX = Path(__file__).resolve().parent.parent / "examples" / "softmax" / "cpu_naive.py"
 QUICK = Limits(compile_s=60, verify_s=30, time_s=60)
 
 
@@ -59,7 +60,9 @@ def test_correct_candidate_is_verified_and_timed():
 
 
 def test_repeated_cli_eval_answers_from_cache_in_under_a_second():
-    task = FIXTURES / "correct.py"
+    """On a 4 ms softmax, whose timing converges on a busy 2-core machine too (a
+    microsecond kernel's seldom does there: the harness's own jitter swamps it)."""
+    task = SOFTMAX
     command = [sys.executable, "-m", "htam_engine.cli", "eval", str(task), str(task), "--json"]
     first = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
@@ -72,7 +75,8 @@ def test_repeated_cli_eval_answers_from_cache_in_under_a_second():
     verdict = json.loads(second.stdout)  # exactly one JSON document
     assert verdict["cached"] and verdict["correct"]
     in_process = time.monotonic()
-    assert run("correct.py", limits=Limits()).cached
+    loaded = load_task(task)
+    assert evaluate(loaded, loaded.impl_source or "", device="cpu").cached
     assert time.monotonic() - in_process < 1.0
     assert time.monotonic() - start < 10  # interpreter start included
 
