@@ -17,7 +17,7 @@ from rich.table import Table
 from htam_engine import events
 from htam_engine.errors import NoStartError, ReferenceFailed, UserError
 from htam_engine.evaluate.cli import add_policy_arguments, with_policy
-from htam_engine.report import format_bounded, format_interval, format_speedup
+from htam_engine.report import format_bounded, format_duel, format_interval, format_speedup
 
 PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
 
@@ -219,7 +219,8 @@ class _Display:
 
 def _final_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"HTAM on {summary['task']} ({summary['provider']})")
-    for column in ("step", "direction", "strategy", "outcome", "vs start", "vs PyTorch"):
+    columns = ("step", "direction", "strategy", "outcome", "vs start", "vs best, in pairs")
+    for column in (*columns, "vs PyTorch"):
         table.add_column(column)
     for s in summary["steps"]:
         table.add_row(
@@ -228,6 +229,7 @@ def _final_table(summary: dict[str, Any]) -> Table:
             s["local"],
             s["status"],
             format_speedup(s["speedup"]),
+            format_duel(s["versus_best"]),
             format_interval(s["verdict"]),
         )
     best = format_bounded(summary["best_speedup"], summary["best_interval"])

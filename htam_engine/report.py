@@ -30,16 +30,17 @@ def markdown_report(result: RunResult) -> str:
         f"{format_bounded(result.best_speedup, result.best_interval)} over the start, "
         f"{format_speedup(result.best_ref_speedup)} vs PyTorch",
         "",
-        "| step | direction | strategy | reason | outcome | vs start | vs PyTorch | runtime ms |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| step | direction | strategy | reason | outcome | vs start | vs best, in pairs "
+        "| vs PyTorch | runtime ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in result.steps:
         runtime = s.verdict.get("runtime_ms")
         shown = "-" if runtime is None else f"{runtime:.3f}"
         lines.append(
             f"| {s.step} | {s.global_id} | {s.local_id} | {s.reason.replace('|', '/')} "
-            f"| {s.status} | {format_speedup(s.speedup)} | {format_interval(s.verdict)} "
-            f"| {shown} |"
+            f"| {s.status} | {format_speedup(s.speedup)} | {format_duel(s.versus_best)} "
+            f"| {format_interval(s.verdict)} | {shown} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -86,6 +87,18 @@ def format_bounded(value: float | None, bounds: Sequence[float] | None) -> str:
     if value is None or not bounds:
         return format_speedup(value)
     return f"{value:.2f}x (95 % {bounds[0]:.2f}-{bounds[1]:.2f})"
+
+
+def format_duel(duel: dict[str, Any]) -> str:
+    """A step's timing in pairs against the best so far (`Step.versus_best`):
+    "1.05x (95 % 0.99-1.11), 3 runs", "failed (crash)"; "-" when it had none."""
+    if not duel:
+        return "-"
+    if "speedup" not in duel:
+        return f"failed ({duel.get('error') or 'no timing'})"
+    text = format_bounded(duel["speedup"], (duel["low"], duel["high"]))
+    runs = duel.get("duels", 1)
+    return text if runs == 1 else f"{text}, {runs} runs"
 
 
 def format_interval(verdict: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import events
-from htam_engine.report import format_bounded, format_speedup
+from htam_engine.report import format_bounded, format_duel, format_speedup
 from htam_lsp.suggestions import StepRecord
 
 DIFF_LINES = 80
@@ -178,8 +178,9 @@ def outcome(step: events.Step) -> str:
 
 def history_table(graph: Any, history: Sequence[StepRecord], last: int = 10) -> list[str]:
     lines = [
-        "| # | when | direction -> strategy | outcome | vs your code | vs PyTorch |",
-        "|---:|---|---|---|---:|---:|",
+        "| # | when | direction -> strategy | outcome | vs your code | vs best, in pairs "
+        "| vs PyTorch |",
+        "|---:|---|---|---|---:|---:|---:|",
     ]
     for record in history[-last:]:
         step = record.step
@@ -189,7 +190,7 @@ def history_table(graph: Any, history: Sequence[StepRecord], last: int = 10) -> 
             gain = interval_text(record)
         lines.append(
             f"| {record.n} | {when} | {_cell(move(graph, step))} | {_cell(outcome(step))} "
-            f"| {gain} | {format_speedup(step.ref_speedup)} |"
+            f"| {gain} | {format_duel(step.versus_best)} | {format_speedup(step.ref_speedup)} |"
         )
     return lines
 

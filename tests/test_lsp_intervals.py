@@ -158,6 +158,7 @@ async def test_an_estimate_over_the_threshold_with_a_lower_bound_under_it_is_not
 ):
     # 1.15x over the start, timed in pairs by the engine, with 95 % bounds 1.04-1.29.
     first = step(1, "flags_o3", (0.575, 0.54, 0.62), ["-O2", "-O3"])
+    first["versus_best"] = {"speedup": 1.12, "low": 1.03, "high": 1.22, "duels": 2}
     SCRIPT.write_text(json.dumps([[first, result(1, 1.15, (0.54 / 0.52, 0.62 / 0.48))]]))
     result_ = await initialize(client, client.spec, OPTIONS)  # type: ignore[attr-defined]
     encoding = str(result_.capabilities.position_encoding or "utf-16")
@@ -174,6 +175,7 @@ async def test_an_estimate_over_the_threshold_with_a_lower_bound_under_it_is_not
     hover = await _hover(client, uri, where)
     assert "No candidate is offered" in hover and said in hover, hover
     assert "| 1.15x (95 % 1.04-1.29) |" in hover  # the measured history shows the interval
+    assert "| 1.12x (95 % 1.03-1.22), 2 runs |" in hover  # and the duel against the best
 
     # The same candidate with its bounds over 1.10x is offered, the interval in its title.
     again = step(1, "flags_o3", (0.7, 0.68, 0.72), ["-O2", "-O3"])

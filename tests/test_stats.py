@@ -64,6 +64,17 @@ def test_an_interval_is_shown_with_its_flags() -> None:
     assert format_interval({"correct": True, "note": "not timed"}) == "-"
 
 
+def test_a_duel_is_shown_with_its_runs_or_why_it_failed() -> None:
+    from htam_engine.report import format_duel
+
+    once = {"speedup": 1.05, "low": 0.99, "high": 1.11, "confirmed": False, "duels": 1}
+    assert format_duel(once) == "1.05x (95 % 0.99-1.11)"
+    assert format_duel({**once, "duels": 3}) == "1.05x (95 % 0.99-1.11), 3 runs"
+    assert format_duel({"error": "crash"}) == "failed (crash)"
+    assert format_duel({"error": ""}) == "failed (no timing)"
+    assert format_duel({}) == "-"
+
+
 def test_an_interval_stays_honest_when_the_machine_state_lasts_several_pairs() -> None:
     """Log-ratio noise that persists from pair to pair (AR(1), phi 0.7): resampling pairs
     one by one covers the true speedup in about 69 % of these runs; blocks of pairs
