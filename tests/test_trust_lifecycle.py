@@ -82,6 +82,44 @@ def test_killing_htam_eval_leaves_no_process_and_no_job_folder(htam_home, signum
         caller.wait()
 
 
+DYING_JUDGE = """
+import signal, sys, types
+from pathlib import Path
+from htam_engine.evaluate.judge import _die_cleanly
+from htam_engine.evaluate.process import Child
+jobdir = Path(sys.argv[1])
+argv = [sys.executable, "-c", "input()", str(jobdir)]
+worker = Child("candidate", argv, jobdir, {}, jobdir / "log")
+sides = {"candidate": types.SimpleNamespace(child=worker)}
+signal.signal(signal.SIGTERM, lambda *_: _die_cleanly(jobdir, sides))
+print("waiting", flush=True)
+worker.popen.wait()  # as when a worker's death is read: the Popen's lock is held
+"""
+
+
+def test_a_judge_told_to_die_while_it_reaps_a_worker_still_dies(tmp_path):
+    """The caller's death reaches the judge as SIGTERM at any moment, here inside
+    `Popen.wait`, whose lock a handler that reaped would wait for forever."""
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    script = tmp_path / "judge.py"
+    script.write_text(DYING_JUDGE)
+    judge = subprocess.Popen(
+        [sys.executable, str(script), str(jobdir)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert judge.stdout is not None
+        assert judge.stdout.readline() == "waiting\n"
+        time.sleep(0.3)  # inside wait()
+        judge.send_signal(signal.SIGTERM)
+        assert judge.wait(10) == 1
+        assert wait_until(lambda: not processes_mentioning(str(jobdir)), 5)
+        assert not jobdir.exists()
+    finally:
+        judge.kill()
+        judge.wait()
+
+
 def test_stale_job_folders_are_removed_and_live_ones_kept(htam_home):
     jobs = htam_home / "jobs"
     stale = jobs / "eval-dead"

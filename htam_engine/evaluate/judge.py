@@ -646,16 +646,17 @@ class Judge:
             self.timing.fail("timing.call_count", side.role, f"{len(extra)} unasked reports")
 
 
-def _close(sides: dict[str, Side]) -> None:
+def _close(sides: dict[str, Side], reap: bool = True) -> None:
     """Kill both workers and anything left below this process (daemons that left
     their worker come back to it: it is their subreaper)."""
     for side in sides.values():
-        side.child.kill()
+        side.child.kill(reap)
     signal_all(descendants(os.getpid()), signal.SIGKILL)
 
 
 def _die_cleanly(jobdir: Path, sides: dict[str, Side]) -> None:
-    _close(sides)
+    """SIGTERM's handler (the caller died): it takes no lock, and exits without reaping."""
+    _close(sides, reap=False)
     shutil.rmtree(jobdir, ignore_errors=True)
     os._exit(1)
 

@@ -118,14 +118,16 @@ class Child:
         except (BrokenPipeError, OSError):
             pass  # it died; the next wait reports how
 
-    def kill(self) -> None:
+    def kill(self, reap: bool = True) -> None:
         """Kill the whole group and every descendant (compilers, forks that left the
-        group), then reap the child."""
+        group), then reap the child (not in a signal handler: the code it interrupted
+        may hold the lock `Popen.wait` takes, and would never give it back)."""
         pids = descendants(self.popen.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, signal.SIGKILL)
         signal_all(pids, signal.SIGKILL)
-        self.popen.wait()
+        if reap:
+            self.popen.wait()
 
     def members(self) -> list[int]:
         return [self.popen.pid, *descendants(self.popen.pid)]
