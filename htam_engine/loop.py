@@ -432,14 +432,14 @@ class Optimizer:
     ) -> tuple[Status, float | None, dict[str, Any]]:
         """An apparent win, timed in pairs against the best so far: improved only when the
         lower end of that interval clears the improve margin. A duel whose estimate clears
-        the margin but whose interval does not is timed again in a fresh run, up to
+        the margin but whose interval does not is timed again in another run, up to
         MAX_DUELS runs in all, pooled (`pooled_interval`): most of a duel's interval is
         the spread between runs, which no run's own pairs narrow."""
         self._phase(step, "confirm", g, local_id)
         margin = self.config.improve_margin
         duels: list[Verdict] = []
         while True:
-            duel = self._compare(candidate, self.result.best_source, fresh=bool(duels))
+            duel = self._compare(candidate, self.result.best_source, run=len(duels))
             if not duel.correct or not duel.interval:
                 # it passed once: the candidate or the incumbent is flaky; only deception
                 # is the candidate's for certain
@@ -462,16 +462,16 @@ class Optimizer:
         }
         return Status.IMPROVED if confirmed else Status.NOT_IMPROVED, pooled.estimate, summary
 
-    def _compare(self, candidate: str, incumbent: str, fresh: bool = False) -> Verdict:
-        """The pair timed together (`fresh`: in a new run, whatever is cached); a cached
+    def _compare(self, candidate: str, incumbent: str, run: int = 0) -> Verdict:
+        """The pair's `run`-th run timed together (each run is cached apart); a cached
         duel that is no baseline is timed again."""
 
         def duel(use_cache: bool) -> Verdict:
             device, cancel = self.config.device, self.cancel
             return compare(self.task, candidate, incumbent, device=device, cancel=cancel,
-                           use_cache=use_cache)  # fmt: skip
+                           use_cache=use_cache, run=run)  # fmt: skip
 
-        verdict = duel(self.config.use_cache and not fresh)
+        verdict = duel(self.config.use_cache)
         if verdict.cached and not usable_as_baseline(verdict):
             verdict = duel(use_cache=False)
         return verdict

@@ -82,13 +82,16 @@ def evaluate(
     cancel: threading.Event | None = None,
     on_phase: Callable[[str], None] | None = None,
     incumbent: str | None = None,
+    run: int = 0,
 ) -> Verdict:
     """Compile, verify and time `candidate_source` against `task`'s reference (with
-    `incumbent`, timed against that instead: `compare`)."""
+    `incumbent`, timed against that instead: `compare`). `run` n > 0 is the pair's
+    n-th separate run, cached apart from the others."""
     limits = limits or Limits()
     resolved = resolve_device(device, task)
     mode = sandbox_mode()
     content = candidate_source if incumbent is None else f"{candidate_source}\0vs\0{incumbent}"
+    content += f"\0run\0{run}" if run else ""
     key = cache.key(task, content, resolved, limits, sandbox=mode)  # policy too
     if use_cache and (hit := cache.get(key, sandbox=mode)) is not None:
         return hit
@@ -111,7 +114,8 @@ def compare(task: Task, candidate_source: str, incumbent_source: str, **options:
     """`candidate_source` verified against `task`'s reference but timed in pairs against
     `incumbent_source` (an implementation verified before), so `speedup` and `interval`
     are over the incumbent, from calls at the same moments. `options` are `evaluate`'s;
-    the pair is cached as one content."""
+    the pair is cached as one content per `run`, so runs to pool are never one cached run
+    read twice, and a run replayed from the cache retraces the same runs."""
     return evaluate(task, candidate_source, incumbent=incumbent_source, **options)
 
 
