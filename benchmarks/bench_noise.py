@@ -1,7 +1,7 @@
 """Does one honest kernel get the same number idle and next to a busy neighbour?
 
     .venv/bin/python benchmarks/bench_noise.py [--baseline DIR --baseline-python PY]
-        [--runs 5] [--out FILE.json]
+        [--runs 5] [--duel OTHER.py] [--out FILE.json]
 
 Evaluates one candidate (`htam eval --no-cache --json`) `--runs` times on an idle machine
 and `--runs` times beside a neighbour that keeps one core busy (a bounded busy loop in
@@ -10,6 +10,11 @@ example `git worktree add ../htam-base <rev>` outside /tmp, which the sandbox hi
 the same run, alternating. Reported per checkout and condition: the speedups, their
 spread (max/min), how many loaded runs' intervals contain the idle median, and the
 per-candidate overhead (the whole command's wall time less its timing phase).
+
+With `--duel OTHER`, the candidate is also timed in pairs against OTHER as the loop's duel
+against its best does (`compare`), `--runs` times idle and loaded: a duel's own spread
+between runs, and whether its interval (the run-to-run term included) holds the idle
+median.
 
 Then, in one process as the loop evaluates (this checkout only), the overhead per
 candidate with every judge started cold and with one started ahead
@@ -28,6 +33,7 @@ win): a venv with a `.pth` naming DIR, then this venv's site-packages, does it:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,16 +94,35 @@ def evaluate(engine: Engine, task: str, candidate: str, env: dict[str, str]) -> 
     }
 
 
-def loaded(engine: Engine, task: str, candidate: str, env: dict[str, str]) -> dict[str, Any]:
-    """One evaluation beside a neighbour burning a core for as long as it runs."""
+def loaded(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One `measure` beside a neighbour burning a core for as long as it runs."""
     neighbour = multiprocessing.Process(target=_spin, args=(600.0,), daemon=True)
     neighbour.start()
     time.sleep(0.5)
     try:
-        return evaluate(engine, task, candidate, env)
+        return measure()
     finally:
         neighbour.terminate()
         neighbour.join(5)
+
+
+def duel(candidate: str, incumbent: str) -> dict[str, Any]:
+    """One duel as the loop times it (`compare`, in this process): `candidate` in pairs
+    against `incumbent`, each verified against the candidate's reference."""
+    from htam_engine.evaluate.runner import compare
+    from htam_engine.task import load_task
+
+    source, other = (ROOT / candidate).read_text(), (ROOT / incumbent).read_text()
+    verdict = compare(load_task(ROOT / candidate), source, other, device="cpu", use_cache=False)
+    interval = verdict.interval or {}
+    return {
+        "speedup": verdict.speedup,
+        "low": interval.get("low"),
+        "high": interval.get("high"),
+        "within_run_half_width": interval.get("within_run_half_width"),
+        "converged": verdict.converged,
+        "error": verdict.error.message if verdict.error else None,
+    }
 
 
 def summarise(idle: list[dict[str, Any]], busy: list[dict[str, Any]]) -> dict[str, Any]:
@@ -104,6 +130,7 @@ def summarise(idle: list[dict[str, Any]], busy: list[dict[str, Any]]) -> dict[st
         return [r["speedup"] for r in runs if r.get("speedup")]
 
     idle_s, busy_s = speedups(idle), speedups(busy)
+    overheads = [r["overhead_s"] for r in idle + busy if "overhead_s" in r]  # none for duels
     idle_median = statistics.median(idle_s) if idle_s else None
     honest = sum(
         1
@@ -118,7 +145,7 @@ def summarise(idle: list[dict[str, Any]], busy: list[dict[str, Any]]) -> dict[st
         "loaded_spread": max(busy_s) / min(busy_s) if busy_s else None,
         "all_spread": max(idle_s + busy_s) / min(idle_s + busy_s) if idle_s and busy_s else None,
         "loaded_interval_holds_idle_median": f"{honest}/{len(busy)}",
-        "overhead_s": statistics.median(r["overhead_s"] for r in idle + busy),
+        "overhead_s": statistics.median(overheads) if overheads else None,
         "errors": [r["error"] for r in idle + busy if r.get("error")],
     }
 
@@ -126,6 +153,9 @@ def summarise(idle: list[dict[str, Any]], busy: list[dict[str, Any]]) -> dict[st
 def table(results: dict[str, dict[str, Any]]) -> str:
     def fmt(values: list[float]) -> str:
         return ", ".join(f"{v:.2f}" for v in values)
+
+    def overhead(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{seconds:.1f} s"
 
     lines = [
         "| checkout | idle speedups | loaded speedups | spread idle | spread loaded "
@@ -136,7 +166,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"| {name} | {fmt(s['idle'])} | {fmt(s['loaded'])} | {s['idle_spread'] or 0:.2f}x "
             f"| {s['loaded_spread'] or 0:.2f}x | {s['all_spread'] or 0:.2f}x "
-            f"| {s['loaded_interval_holds_idle_median']} | {s['overhead_s']:.1f} s |"
+            f"| {s['loaded_interval_holds_idle_median']} | {overhead(s['overhead_s'])} |"
         )
     return "\n".join(lines)
 
@@ -173,6 +203,17 @@ def overhead_in_process(candidate: str, runs: int) -> dict[str, float]:
     return {mode: statistics.median(values) for mode, values in seen.items()}
 
 
+def duel_runs(candidate: str, incumbent: str, runs: int) -> dict[str, list[dict[str, Any]]]:
+    """`runs` duels idle and `runs` loaded, alternating: a duel's own spread between
+    runs, and whether its interval holds the next run's (the idle median)."""
+    measure = functools.partial(duel, candidate, incumbent)
+    seen: dict[str, list[dict[str, Any]]] = {"idle": [], "loaded": []}
+    for _ in range(runs):
+        seen["idle"].append(measure())
+        seen["loaded"].append(loaded(measure))
+    return seen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, help="an older checkout to compare against")
@@ -180,6 +221,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--task", default=TASK)
     parser.add_argument("--candidate", default=CANDIDATE)
+    parser.add_argument("--duel", help="also time --candidate in pairs against this one")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     checkouts: dict[str, Engine] = {"this checkout": (sys.executable, ROOT)}
@@ -196,10 +238,16 @@ def main() -> None:
     for _ in range(args.runs):  # alternate checkouts and conditions: drift hits all alike
         for name, checkout in checkouts.items():
             runs[name]["idle"].append(evaluate(checkout, args.task, args.candidate, env))
-            runs[name]["loaded"].append(loaded(checkout, args.task, args.candidate, env))
+            measure = functools.partial(evaluate, checkout, args.task, args.candidate, env)
+            runs[name]["loaded"].append(loaded(measure))
     results = {name: summarise(r["idle"], r["loaded"]) for name, r in runs.items()}
     print(table(results))
     os.environ["HTAM_HOME"] = env["HTAM_HOME"]
+    duels = duel_runs(args.candidate, args.duel, args.runs) if args.duel else {}
+    if duels:
+        name = f"duel against {args.duel}"
+        results[name] = summarise(duels["idle"], duels["loaded"])
+        print(table({name: results[name]}))
     overhead = overhead_in_process(args.candidate, args.runs)  # its task: its own binding
     print(
         "\noverhead per candidate in one process (besides timing): "
@@ -207,7 +255,7 @@ def main() -> None:
     )
     if args.out:
         data = {"task": args.task, "candidate": args.candidate, "cores": os.cpu_count()}
-        data.update(results=results, runs=runs, overhead_in_process=overhead)
+        data.update(results=results, runs=runs, overhead_in_process=overhead, duels=duels)
         args.out.write_text(json.dumps(data, indent=1))
 
 
