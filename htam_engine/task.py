@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from htam_engine import parsing
 from htam_engine.errors import UserError
+from htam_engine.parsing import parse, triton_source
 from htam_engine.vocabulary import TORCH_OP_GROUPS, Backend
 
 DIRECTIVE_LINES = 10
@@ -78,7 +78,7 @@ def guess_backend(kind: str, impl_source: str | None) -> Backend:
     `load_inline(cuda_sources=...)` implementation, else `cpu`."""
     if kind == "cu":
         return "cuda"
-    if impl_source and parsing.triton_functions(parsing.parse(impl_source, "python").root_node):
+    if impl_source and triton_source.triton_functions(parse(impl_source, "python").root_node):
         return "triton"
     if impl_source and "load_inline" in impl_source and "cuda_sources" in impl_source:
         return "cuda"

@@ -9,6 +9,7 @@ import pytest
 from test_examples_cpu import EXAMPLES, TASKS
 
 from htam_engine import parsing
+from htam_engine.parsing import cxx_source
 from htam_engine.vocabulary import FAMILIES, FEATURE_TAGS
 
 # C++/CUDA starts; the Triton ones (no embedded sources) are tests/test_triton_parsing.py's.
@@ -99,7 +100,7 @@ def test_kernels_wherever_they_are_declared() -> None:
 
 def test_the_engine_and_the_editor_see_the_same_kernels() -> None:
     tree = parsing.parse(NESTED_CUDA, "cuda")
-    functions = {parsing.function_name(fn) for fn in parsing.functions(tree.root_node)}
+    functions = {cxx_source.function_name(fn) for fn in cxx_source.functions(tree.root_node)}
     assert functions == {u.name for u in parsing.kernels(NESTED_CUDA, "cuda", tree=tree)}
 
 

@@ -17,6 +17,7 @@ from test_examples_cpu import EXAMPLES, TASKS, assert_close, load_module
 
 from htam_engine import parsing
 from htam_engine.kernels import load_cpp
+from htam_engine.parsing import cxx_source
 from htam_engine.strategies import REGISTRY
 from htam_engine.strategies.base import apply_edits
 
@@ -46,8 +47,8 @@ def emulated(kernel_source: str) -> str:
     """The kernel source with each `k<<<g, b>>>(args)` turned into a sequential loop."""
     data = kernel_source.encode()
     edits = []
-    for call in parsing.launches(parsing.parse(data, "cuda").root_node):
-        grid, block = (parsing.text(n) for n in parsing.launch_config(call)[:2])
+    for call in cxx_source.launches(parsing.parse(data, "cuda").root_node):
+        grid, block = (parsing.text(n) for n in cxx_source.launch_config(call)[:2])
         name = parsing.text(call.child_by_field_name("function"))
         args = parsing.text(call.child_by_field_name("arguments"))
         edits.append(
@@ -64,11 +65,11 @@ def emulated(kernel_source: str) -> str:
 def _launcher(lib: ctypes.CDLL, source: str) -> Callable[..., None]:
     (host,) = [u for u in parsing.kernels(source, "cuda") if u.kind == "host"]
     root = parsing.parse(source, "cuda").root_node
-    fn = next(f for f in parsing.functions(root) if parsing.function_name(f) == host.name)
+    fn = next(f for f in cxx_source.functions(root) if cxx_source.function_name(f) == host.name)
     launch = getattr(lib, host.name)
     launch.argtypes = [
-        ctypes.c_void_p if parsing.pointer_declarator(p) else ctypes.c_int
-        for p in parsing.parameters(fn)
+        ctypes.c_void_p if cxx_source.pointer_declarator(p) else ctypes.c_int
+        for p in cxx_source.parameters(fn)
     ]
     return launch
 

@@ -46,7 +46,7 @@ def evaluator_version() -> str:
     code this process runs, whatever is edited on disk meanwhile."""
     package = Path(__file__).parent
     files = sorted(package.glob("*.py"))
-    files += [package.parent / "kernels.py", package.parent / "parsing.py"]
+    files += [package.parent / "kernels.py", *sorted((package.parent / "parsing").glob("*.py"))]
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())

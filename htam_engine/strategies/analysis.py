@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from tree_sitter import Node
 
-from htam_engine import parsing
-from htam_engine.parsing import text, walk
+from htam_engine.parsing import cxx_source, text, walk
 from htam_engine.strategies.base import mentions
 
 WRITES = ("assignment_expression", "update_expression")
@@ -187,4 +186,4 @@ def thread_guard(kernel: Node) -> Guard | str:
 
 
 def kernels(root: Node) -> list[Node]:
-    return [fn for fn in parsing.functions(root) if parsing.is_global(fn)]
+    return [fn for fn in cxx_source.functions(root) if cxx_source.is_global(fn)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 from htam_engine import parsing
-from htam_engine.parsing import text
+from htam_engine.parsing import python_source, text
 
 Edit = tuple[int, int, str]  # (start byte, end byte, replacement) in the file's bytes
 Plan = list[Edit] | str  # edits, or why the rewrite does not apply
@@ -88,10 +88,11 @@ def flag_plan(data: bytes, keyword: str, add: list[str], remove: set[str]) -> Pl
     if not parsing.embedded_sources(data):
         return f"a raw source has no {keyword} list (flags belong to its binding)"
     tree = parsing.parse(data, "python")
-    assignments = parsing.module_assignments(tree.root_node)
+    assignments = python_source.module_assignments(tree.root_node)
     edits: list[Edit] = []
-    for call in parsing.loader_calls(tree):
-        if keyword == "extra_cuda_cflags" and parsing.call_argument(call, "cuda_sources") is None:
+    for call in python_source.loader_calls(tree):
+        cuda = python_source.call_argument(call, "cuda_sources")
+        if keyword == "extra_cuda_cflags" and cuda is None:
             continue
         plan = _call_flag_edit(call, keyword, add, remove, assignments)
         if isinstance(plan, str):
@@ -103,8 +104,8 @@ def flag_plan(data: bytes, keyword: str, add: list[str], remove: set[str]) -> Pl
 def _call_flag_edit(
     call: Node, keyword: str, add: list[str], remove: set[str], assignments: dict[str, Node]
 ) -> Plan:
-    position = 2 if parsing.call_name(call) == "load_cpp" else None
-    value = parsing.call_argument(call, keyword, position)
+    position = 2 if python_source.call_name(call) == "load_cpp" else None
+    value = python_source.call_argument(call, keyword, position)
     if value is None:
         args = call.child_by_field_name("arguments")
         last = args.named_children[-1] if args is not None and args.named_children else None
@@ -112,7 +113,7 @@ def _call_flag_edit(
             return "a loader call without arguments"
         new = ", ".join(map(_quote, add))
         return [(last.end_byte, last.end_byte, f", {keyword}=[{new}]")]
-    _, value = parsing.resolve(value, assignments)
+    _, value = python_source.resolve(value, assignments)
     if value.type not in ("list", "tuple"):
         return f"{keyword} is not a literal list"
     items = value.named_children

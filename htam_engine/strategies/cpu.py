@@ -8,7 +8,7 @@ from collections.abc import Callable
 from tree_sitter import Node
 
 from htam_engine import parsing
-from htam_engine.parsing import text
+from htam_engine.parsing import cxx_source, python_source, text
 from htam_engine.strategies import analysis
 from htam_engine.strategies.base import (
     CodePlanner,
@@ -29,7 +29,7 @@ LOW_OPT = {"-O0", "-O1", "-O2", "-Os", "-Og"}
 def _pragma_edit(code: bytes, loop: Node, own: str, extra: str, merge_with: str) -> Edit:
     """Insert `#pragma omp <own><extra>` above `loop`, or merge into a `merge_with` pragma
     already there (`omp parallel for` + `omp simd` -> `omp parallel for simd`)."""
-    existing = parsing.loop_pragma(loop)
+    existing = cxx_source.loop_pragma(loop)
     previous = loop.prev_named_sibling
     if existing.startswith(merge_with) and previous is not None:
         merged = "#pragma omp parallel for simd" + existing[len(merge_with) :] + extra
@@ -40,8 +40,8 @@ def _pragma_edit(code: bytes, loop: Node, own: str, extra: str, merge_with: str)
 def _outermost_loops(fn: Node) -> list[Node]:
     return [
         loop
-        for loop in parsing.loops(fn)
-        if not any(outer != loop and _contains(outer, loop) for outer in parsing.loops(fn))
+        for loop in cxx_source.loops(fn)
+        if not any(outer != loop and _contains(outer, loop) for outer in cxx_source.loops(fn))
     ]
 
 
@@ -52,10 +52,10 @@ def _contains(outer: Node, inner: Node) -> bool:
 def plan_parallel_for(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     reasons = []
-    for fn in parsing.functions(root):
+    for fn in cxx_source.functions(root):
         for node in _outermost_loops(fn):
             loop = analysis.canonical(node)
-            pragma = parsing.loop_pragma(node)
+            pragma = cxx_source.loop_pragma(node)
             reason = _parallel_reason(node, loop, pragma)
             if reason is not None:
                 reasons.append(reason)
@@ -75,12 +75,11 @@ def _parallel_reason(node: Node, loop: analysis.Loop | None, pragma: str) -> str
 def plan_simd(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     reasons = []
-    for fn in parsing.functions(root):
-        for node in parsing.innermost_loops(fn):
+    for fn in cxx_source.functions(root):
+        for node in cxx_source.innermost_loops(fn):
             loop = analysis.canonical(node)
-            if "simd" in parsing.loop_pragma(node) or "#pragma GCC ivdep" in parsing.loop_pragma(
-                node
-            ):
+            pragma = cxx_source.loop_pragma(node)
+            if "simd" in pragma or "#pragma GCC ivdep" in pragma:
                 reasons.append("the innermost loops already have a simd pragma")
                 continue
             if loop is None or not loop.unit_step or not analysis.in_compound(node):
@@ -97,7 +96,8 @@ def plan_simd(code: bytes, root: Node) -> Plan:
 
 
 def plan_restrict(code: bytes, root: Node) -> Plan:
-    edits = [e for fn in parsing.functions(root) for e in pointer_qualifier_edits(fn, const=False)]
+    fns = cxx_source.functions(root)
+    edits = [e for fn in fns for e in pointer_qualifier_edits(fn, const=False)]
     return edits or "every pointer parameter is already __restrict__"
 
 
@@ -135,7 +135,7 @@ def _nest(node: Node) -> list[analysis.Loop] | None:
 
 def plan_cache_block(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
-    for fn in parsing.functions(root):
+    for fn in cxx_source.functions(root):
         for node in _outermost_loops(fn):
             loops = _nest(node)
             if loops is not None:
@@ -180,7 +180,7 @@ def _with_flags(planner: CodePlanner, flag: str, unless: set[str]) -> Callable[[
         edits = code_plan(data, "cpp", planner)
         if isinstance(edits, str) or not parsing.embedded_sources(data):
             return edits
-        present = set(parsing.flag_values(data, "extra_cflags"))
+        present = set(python_source.flag_values(data, "extra_cflags"))
         flags = flag_plan(data, "extra_cflags", [flag], set()) if not present & unless else []
         return edits + (flags if isinstance(flags, list) else [])
 

@@ -7,8 +7,7 @@ from collections.abc import Callable
 
 from tree_sitter import Node
 
-from htam_engine import parsing
-from htam_engine.parsing import text, walk
+from htam_engine.parsing import cxx_source, text, walk
 from htam_engine.strategies import analysis
 from htam_engine.strategies.base import (
     CodePlanner,
@@ -38,7 +37,7 @@ def _constant_node(root: Node, name: str) -> Node | None:
 
 
 def _block_literal(root: Node, call: Node) -> Node | None:
-    config = parsing.launch_config(call)
+    config = cxx_source.launch_config(call)
     if len(config) < 2:
         return None
     block = config[1]
@@ -48,7 +47,7 @@ def _block_literal(root: Node, call: Node) -> Node | None:
 
 
 def _kernel_named(root: Node, name: str) -> Node | None:
-    return next((fn for fn in analysis.kernels(root) if parsing.function_name(fn) == name), None)
+    return next((fn for fn in analysis.kernels(root) if cxx_source.function_name(fn) == name), None)
 
 
 def _launch_bounds_literal(kernel: Node | None) -> Node | None:
@@ -61,7 +60,7 @@ def _launch_bounds_literal(kernel: Node | None) -> Node | None:
 def plan_block_size(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     reasons = []
-    for call in parsing.launches(root):
+    for call in cxx_source.launches(root):
         literal = _block_literal(root, call)
         if literal is None or not text(literal).strip().isdigit():
             reasons.append("the block size is not a compile-time constant")
@@ -80,8 +79,8 @@ def plan_block_size(code: bytes, root: Node) -> Plan:
 
 def _retarget_launch(root: Node, call: Node, literal: Node, old: int) -> Plan:
     edits: list[Edit] = [(literal.start_byte, literal.end_byte, str(TARGET_BLOCK))]
-    grid = parsing.launch_config(call)[0]
-    if parsing.launch_config(call)[1].type == "number_literal":
+    grid = cxx_source.launch_config(call)[0]
+    if cxx_source.launch_config(call)[1].type == "number_literal":
         numbers = [n for n in walk(grid) if n.type == "number_literal"]
         rounding = {str(old): str(TARGET_BLOCK), str(old - 1): str(TARGET_BLOCK - 1)}
         if not any(text(n) == str(old) for n in numbers):
@@ -109,8 +108,8 @@ def pointer_qualifier_edits(fn: Node, const: bool) -> list[Edit]:
     pointees that the function only reads through subscripts."""
     edits: list[Edit] = []
     body = fn.child_by_field_name("body")
-    for param in parsing.parameters(fn):
-        pointer = parsing.pointer_declarator(param)
+    for param in cxx_source.parameters(fn):
+        pointer = cxx_source.pointer_declarator(param)
         if pointer is None:
             continue
         if not RESTRICT.search(text(param)):
@@ -140,15 +139,15 @@ def _read_only(body: Node, name: str) -> bool:
 
 
 def plan_pragma_unroll(code: bytes, root: Node) -> Plan:
-    known = parsing.constants(root)
+    known = cxx_source.constants(root)
     edits: list[Edit] = []
     seen_fixed = False
     for kernel in analysis.kernels(root):
-        for loop in parsing.loops(kernel):
-            if not parsing.is_fixed_trip(loop, known):
+        for loop in cxx_source.loops(kernel):
+            if not cxx_source.is_fixed_trip(loop, known):
                 continue
             seen_fixed = True
-            if not parsing.loop_pragma(loop) and analysis.in_compound(loop):
+            if not cxx_source.loop_pragma(loop) and analysis.in_compound(loop):
                 edits.append(insert_line_before(code, loop, "#pragma unroll"))
     if edits:
         return edits
@@ -157,14 +156,14 @@ def plan_pragma_unroll(code: bytes, root: Node) -> Plan:
 
 def plan_launch_bounds(code: bytes, root: Node) -> Plan:
     sizes: dict[str, str] = {}
-    for call in parsing.launches(root):
+    for call in cxx_source.launches(root):
         literal = _block_literal(root, call)
         if literal is not None:
             sizes[text(call.child_by_field_name("function"))] = text(literal).strip()
     edits: list[Edit] = []
     reasons = []
     for kernel in analysis.kernels(root):
-        name = parsing.function_name(kernel)
+        name = cxx_source.function_name(kernel)
         declarator = kernel.child_by_field_name("declarator")
         if any(c.type == "launch_bounds" for c in kernel.children):
             reasons.append(f"{name} already has __launch_bounds__")
@@ -206,7 +205,7 @@ def plan_vectorize_float4(code: bytes, root: Node) -> Plan:
     for kernel in analysis.kernels(root):
         plan = _vectorize_kernel(code, root, kernel)
         if isinstance(plan, str):
-            reasons.append(f"{parsing.function_name(kernel)}: {plan}")
+            reasons.append(f"{cxx_source.function_name(kernel)}: {plan}")
         else:
             edits += plan
     return edits or (reasons[0] if reasons else "no __global__ kernel")
@@ -214,8 +213,8 @@ def plan_vectorize_float4(code: bytes, root: Node) -> Plan:
 
 def _float_pointers(kernel: Node) -> list[str] | str:
     names = []
-    for param in parsing.parameters(kernel):
-        if parsing.pointer_declarator(param) is None:
+    for param in cxx_source.parameters(kernel):
+        if cxx_source.pointer_declarator(param) is None:
             continue
         if text(param.child_by_field_name("type")) != "float":
             return "a pointer parameter is not float*"
@@ -244,8 +243,9 @@ def _vectorize_kernel(code: bytes, root: Node, kernel: Node) -> Plan:
     accesses = _element_accesses(guard.body, pointers, guard.var)
     if isinstance(accesses, str):
         return accesses
-    name = parsing.function_name(kernel)
-    calls = [c for c in parsing.launches(root) if text(c.child_by_field_name("function")) == name]
+    name = cxx_source.function_name(kernel)
+    launches = cxx_source.launches(root)
+    calls = [c for c in launches if text(c.child_by_field_name("function")) == name]
     if not calls:
         return "its launch is not in this source, so the grid cannot shrink by four"
     written = {
@@ -257,7 +257,7 @@ def _vectorize_kernel(code: bytes, root: Node, kernel: Node) -> Plan:
     body = _vector_body(code, guard, accesses, used, written)
     edits: list[Edit] = [(guard.declaration.start_byte, guard.branch.end_byte, body)]
     for call in calls:
-        grid = parsing.launch_config(call)[0]
+        grid = cxx_source.launch_config(call)[0]
         edits.append((grid.start_byte, grid.end_byte, f"(({text(grid)}) + 3) / 4"))
     return edits
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 from htam_engine import parsing
-from htam_engine.parsing import text
+from htam_engine.parsing import text, triton_source
 from htam_engine.strategies.base import Edit, Plan, Rewrite, indent_of
 
 WARPS = 8  # num_warps for a tile kernel launched with the default 4
@@ -83,7 +83,7 @@ def _launch(call: Node) -> Launch:
 def kernels(root: Node) -> list[Kernel]:
     """Every `@triton.jit` kernel of a Python tree with its launches."""
     found = []
-    for decorated in parsing.triton_functions(root):
+    for decorated in triton_source.triton_functions(root):
         definition = decorated.child_by_field_name("definition")
         assert definition is not None
         name = text(definition.child_by_field_name("name"))
@@ -97,8 +97,8 @@ def kernels(root: Node) -> list[Kernel]:
                 parameters=params,
                 constexprs=tuple(n for n, const in pairs if const),
                 plain=tuple(n for n, const in pairs if not const),
-                autotuned="triton.autotune" in parsing.decorators(decorated),
-                launches=tuple(map(_launch, parsing.launch_calls(root, name))),
+                autotuned="triton.autotune" in triton_source.decorators(decorated),
+                launches=tuple(map(_launch, triton_source.launch_calls(root, name))),
             )
         )
     return found
@@ -175,7 +175,7 @@ def _setting_planner(keyword: str, value: int, needs_loop: bool) -> Callable[[by
 
 
 def _dot_loops(kernel: Kernel) -> list[Node]:
-    dots = {call.id for name, call in parsing.tl_calls(kernel.decorated) if name == "dot"}
+    dots = {call.id for name, call in triton_source.tl_calls(kernel.decorated) if name == "dot"}
     return [
         loop
         for loop in parsing.walk(kernel.decorated)
@@ -322,7 +322,7 @@ def row_major_ids(kernel: Kernel) -> RowMajorIds | None:
 
 
 def _group_plan(data: bytes, kernel: Kernel) -> Plan:
-    if not any(name == "dot" for name, _ in parsing.tl_calls(kernel.decorated)):
+    if not any(name == "dot" for name, _ in triton_source.tl_calls(kernel.decorated)):
         return "no tl.dot: program order matters for tile reuse only"
     if any("GROUP" in name for name in kernel.constexprs):
         return "already grouped"
