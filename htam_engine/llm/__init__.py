@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         Completion,
         JsonSchema,
         LLMError,
+        LLMRequest,
         Provider,
         Usage,
         redact,
@@ -50,7 +51,8 @@ if TYPE_CHECKING:
 
 _HOME = {
     "base": [
-        "Completion", "JsonSchema", "LLMError", "Provider", "Usage", "redact", "register_secret",
+        "Completion", "JsonSchema", "LLMError", "LLMRequest", "Provider", "Usage", "redact",
+        "register_secret",
     ],
     "choice": ["DEFAULT_MODELS", "PROVIDERS", "choose_provider"],
     "codegen": [
@@ -95,6 +97,7 @@ __all__ = [
     "limit_for",
     "LIMITS",
     "LLMError",
+    "LLMRequest",
     "load_prices",
     "local_selection_prompt",
     "make_provider",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from htam_engine.llm.errors import REDACTED, LLMError, redact, register_secret
@@ -17,6 +17,7 @@ __all__ = [
     "Completion",
     "JsonSchema",
     "LLMError",
+    "LLMRequest",
     "Provider",
     "Usage",
     "redact",
@@ -35,6 +36,23 @@ class JsonSchema:
     name: str
     description: str
     schema: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LLMRequest:
+    """One call as the providers see it, after `Provider.complete` set its limit.
+
+    `max_tokens` is the purpose's limit (`limits.LIMITS`) or the caller's, cut to what the
+    run's budget leaves; `purpose` names the call in logs, budgets and cassettes; `schema`
+    asks for a JSON answer; `sample` > 0 is another independent answer to the same prompt.
+    """
+
+    system: str
+    prompt: str
+    max_tokens: int
+    purpose: str = ""
+    schema: JsonSchema | None = None
+    sample: int = 0
 
 
 @dataclass(frozen=True)
@@ -154,27 +172,23 @@ class Provider(ABC):
         form the provider supports (`Completion.form`). `sample` > 0 asks for another
         independent answer to the same prompt (best-of-k), never a cached copy of #0."""
         limit = max_tokens or limit_for(purpose, self.reasoning).max_tokens
+        return self.send(LLMRequest(system, prompt, limit, purpose, schema, sample))
+
+    def send(self, request: LLMRequest) -> Completion:
+        """`complete` for a request whose limit is set: the budget (which may lower the
+        limit), the provider's call and the run's usage."""
         if self.budget is not None:
-            limit = self.budget.allow(purpose, count_tokens(system + prompt), limit)
-        completion = self._complete(
-            system, prompt, max_tokens=limit, purpose=purpose, schema=schema, sample=sample
-        )
+            prompt_tokens = count_tokens(request.system + request.prompt)
+            limit = self.budget.allow(request.purpose, prompt_tokens, request.max_tokens)
+            request = replace(request, max_tokens=limit)
+        completion = self._complete(request)
         if self.budget is not None and not completion.cached:
             tokens = completion.input_tokens + completion.output_tokens
             self.budget.charge(tokens, completion.cost_usd)
         with self._usage_lock:
-            self.usage.add(completion, purpose)
+            self.usage.add(completion, request.purpose)
         return completion
 
     @abstractmethod
-    def _complete(
-        self,
-        system: str,
-        prompt: str,
-        *,
-        max_tokens: int,
-        purpose: str,
-        schema: JsonSchema | None,
-        sample: int,
-    ) -> Completion:
-        """Produce one completion; `complete` does the limits and the run accounting."""
+    def _complete(self, request: LLMRequest) -> Completion:
+        """Produce one completion; `send` does the limits and the run accounting."""

@@ -33,7 +33,15 @@ from urllib.parse import urlsplit
 import anthropic
 import openai
 
-from htam_engine.llm.base import Completion, JsonSchema, LLMError, Provider, redact, register_secret
+from htam_engine.llm.base import (
+    Completion,
+    JsonSchema,
+    LLMError,
+    LLMRequest,
+    Provider,
+    redact,
+    register_secret,
+)
 from htam_engine.llm.cache import ResponseCache, prompt_key
 from htam_engine.llm.limits import limit_for
 from htam_engine.llm.prices import PriceTable
@@ -282,29 +290,23 @@ class RemoteProvider(Provider):
             return "listed"
         return "local" if is_local_url(self.base_url) else "unknown"
 
-    def cache_key(self, system: str, prompt: str, schema: JsonSchema | None, sample: int) -> str:
-        """Provider, base URL and model, the whole request, and which sample it is."""
+    def cache_key(self, request: LLMRequest) -> str:
+        """Provider, base URL and model, the system prompt, prompt and schema, and which
+        sample it is (not the limit: an answer is reused whatever room the call had)."""
+        schema, where = request.schema, self.base_url or ""
         shape = json.dumps(schema.schema, sort_keys=True) if schema else ""
-        where = self.base_url or ""
-        return prompt_key(self.name, where, self.model, system, prompt, shape, str(sample))
+        parts = (request.system, request.prompt, shape, str(request.sample))
+        return prompt_key(self.name, where, self.model, *parts)
 
-    def _complete(
-        self,
-        system: str,
-        prompt: str,
-        *,
-        max_tokens: int,
-        purpose: str,
-        schema: JsonSchema | None,
-        sample: int,
-    ) -> Completion:
+    def _complete(self, request: LLMRequest) -> Completion:
         started = time.perf_counter()
-        key = self.cache_key(system, prompt, schema, sample)
+        key = self.cache_key(request)
         hit = self.cache.get(key) if self.cache else None
         if hit is not None:
             return Completion(**{**hit, "cost_usd": 0.0, "cached": True, "latency_s": 0.0})
+        purpose = request.purpose
         what = f"{self.name} {self.model}" + (f" ({purpose})" if purpose else "")
-        form, answer = self._answer(system, prompt, max_tokens, purpose, schema, what)
+        form, answer = self._answer(request, what)
         cost = self.prices.cost(self.model, answer.input_tokens, answer.output_tokens)
         completion = Completion(
             answer.text,
@@ -331,21 +333,13 @@ class RemoteProvider(Provider):
         )
         return completion
 
-    def _answer(
-        self,
-        system: str,
-        prompt: str,
-        max_tokens: int,
-        purpose: str,
-        schema: JsonSchema | None,
-        what: str,
-    ) -> tuple[str, Answer]:
+    def _answer(self, request: LLMRequest, what: str) -> tuple[str, Answer]:
         """(form used, answer): free text, or the first structured form not refused."""
-        deadline_s = self.retry.deadline_s(purpose, self.reasoning)
-        if schema is None:
+        deadline_s = self.retry.deadline_s(request.purpose, self.reasoning)
+        if request.schema is None:
 
             def text() -> Answer:
-                return self._call(system, prompt, max_tokens, deadline_s, None, "text")
+                return self._call(request, deadline_s, "text")
 
             return "text", call_with_retries(text, self.retry, what)
         while True:
@@ -353,7 +347,7 @@ class RemoteProvider(Provider):
                 form, last = self.forms[0], len(self.forms) == 1
 
             def call(form: str = form, last: bool = last) -> Answer:
-                return self._structured(system, prompt, max_tokens, deadline_s, schema, form, last)
+                return self._structured(request, deadline_s, form, last)
 
             try:
                 return form, call_with_retries(call, self.retry, what)
@@ -367,34 +361,18 @@ class RemoteProvider(Provider):
                 self.forms.pop(0)
                 log.warning("%s; next %s", why, self.forms[0])
 
-    def _structured(
-        self,
-        system: str,
-        prompt: str,
-        max_tokens: int,
-        deadline_s: float,
-        schema: JsonSchema,
-        form: str,
-        last: bool,
-    ) -> Answer:
+    def _structured(self, request: LLMRequest, deadline_s: float, form: str, last: bool) -> Answer:
         try:
-            return self._call(system, prompt, max_tokens, deadline_s, schema, form)
+            return self._call(request, deadline_s, form)
         except _STATUS as error:
             if last or error.status_code not in FORM_REJECTED_STATUS:
                 raise
             raise FormRejected(f"HTTP {error.status_code}") from None
 
     @abstractmethod
-    def _call(
-        self,
-        system: str,
-        prompt: str,
-        max_tokens: int,
-        deadline_s: float,
-        schema: JsonSchema | None,
-        form: str,
-    ) -> Answer:
-        """One streamed API request in `form`, no retries."""
+    def _call(self, request: LLMRequest, deadline_s: float, form: str) -> Answer:
+        """One streamed API request in `form` (`text`, or one of `FORMS` for a request
+        with a schema), no retries."""
 
 
 def _prompted(system: str, schema: JsonSchema) -> str:
@@ -412,20 +390,13 @@ class AnthropicProvider(RemoteProvider):
         super().__init__(model, api_key=api_key, base_url=base_url, **kw)
         self._client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=0)
 
-    def _call(
-        self,
-        system: str,
-        prompt: str,
-        max_tokens: int,
-        deadline_s: float,
-        schema: JsonSchema | None,
-        form: str,
-    ) -> Answer:
-        request: dict[str, Any] = {
+    def _call(self, request: LLMRequest, deadline_s: float, form: str) -> Answer:
+        schema = request.schema
+        body: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": max_tokens,
-            "system": system,
-            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": request.max_tokens,
+            "system": request.system,
+            "messages": [{"role": "user", "content": request.prompt}],
         }
         if schema is not None and form == "tool":
             tool = {
@@ -433,11 +404,11 @@ class AnthropicProvider(RemoteProvider):
                 "description": schema.description,
                 "input_schema": schema.schema,
             }
-            request.update(tools=[tool], tool_choice={"type": "tool", "name": schema.name})
+            body.update(tools=[tool], tool_choice={"type": "tool", "name": schema.name})
         elif schema is not None:
-            request["system"] = _prompted(system, schema)
+            body["system"] = _prompted(request.system, schema)
         started = time.monotonic()
-        stream = self._client.messages.create(**request, stream=True, timeout=deadline_s)
+        stream = self._client.messages.create(**body, stream=True, timeout=deadline_s)
         return within_deadline(stream, started, deadline_s, lambda w: _read_anthropic(stream, w))
 
 
@@ -480,18 +451,11 @@ class OpenAIProvider(RemoteProvider):
         self._client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0)
         self.refused: set[str] = set()  # request parameters this server refused
 
-    def _call(
-        self,
-        system: str,
-        prompt: str,
-        max_tokens: int,
-        deadline_s: float,
-        schema: JsonSchema | None,
-        form: str,
-    ) -> Answer:
-        request: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens}
+    def _call(self, request: LLMRequest, deadline_s: float, form: str) -> Answer:
+        schema, system = request.schema, request.system
+        body: dict[str, Any] = {"model": self.model, "max_tokens": request.max_tokens}
         if schema is not None and form == "json_schema":
-            request["response_format"] = {
+            body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": schema.name, "schema": schema.schema, "strict": True},
             }
@@ -499,18 +463,18 @@ class OpenAIProvider(RemoteProvider):
             # Free strings get a length bound: a grammar lets a small model ramble in
             # "reason" up to max_tokens, and an object cut off there parses as nothing.
             grammar = bounded_strings(schema.schema, GRAMMAR_STRING_CHARS)
-            request["response_format"] = {"type": "json_object", "schema": grammar}
+            body["response_format"] = {"type": "json_object", "schema": grammar}
         elif schema is not None and form == "json_object":
-            request["response_format"] = {"type": "json_object"}
+            body["response_format"] = {"type": "json_object"}
         if schema is not None and form != "json_schema":
             system = _prompted(system, schema)
-        request["messages"] = [
+        body["messages"] = [
             {"role": "system", "content": system},
-            {"role": "user", "content": prompt},
+            {"role": "user", "content": request.prompt},
         ]
         started = time.monotonic()
-        stream = self._open(request, deadline_s)
-        sent = system + prompt
+        stream = self._open(body, deadline_s)
+        sent = system + request.prompt
         return within_deadline(stream, started, deadline_s, lambda w: _read_openai(stream, w, sent))
 
     def _open(self, request: dict[str, Any], deadline_s: float) -> Any:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from htam_engine.llm.base import Completion, JsonSchema, LLMError, Provider, redact
+from htam_engine.llm.base import Completion, LLMError, LLMRequest, Provider, redact
 from htam_engine.llm.cache import prompt_key
 
 
@@ -70,19 +70,10 @@ class ReplayProvider(Provider):
         self._used[index] = True
         return self._entries[index]
 
-    def _complete(
-        self,
-        system: str,
-        prompt: str,
-        *,
-        max_tokens: int,
-        purpose: str,
-        schema: JsonSchema | None,
-        sample: int,
-    ) -> Completion:
+    def _complete(self, request: LLMRequest) -> Completion:
         started = time.perf_counter()
         with self._lock:
-            entry = self._pick(cassette_key(system, prompt), purpose)
+            entry = self._pick(cassette_key(request.system, request.prompt), request.purpose)
         output_tokens = int(entry.get("output_tokens", 0))
         return Completion(
             entry["text"],
@@ -91,8 +82,8 @@ class ReplayProvider(Provider):
             0.0,
             True,
             time.perf_counter() - started,
-            form=str(entry.get("form") or ("prompted" if schema else "text")),
-            truncated=bool(entry.get("truncated", output_tokens >= max_tokens)),
+            form=str(entry.get("form") or ("prompted" if request.schema else "text")),
+            truncated=bool(entry.get("truncated", output_tokens >= request.max_tokens)),
         )
 
 
@@ -109,26 +100,15 @@ class Recorder(Provider):
         self.cassette.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
 
-    def _complete(
-        self,
-        system: str,
-        prompt: str,
-        *,
-        max_tokens: int,
-        purpose: str,
-        schema: JsonSchema | None,
-        sample: int,
-    ) -> Completion:
-        completion = self.inner.complete(
-            system, prompt, max_tokens=max_tokens, purpose=purpose, schema=schema, sample=sample
-        )
+    def _complete(self, request: LLMRequest) -> Completion:
+        completion = self.inner.send(request)
         entry = {
-            "key": cassette_key(system, prompt),
-            "purpose": purpose,
+            "key": cassette_key(request.system, request.prompt),
+            "purpose": request.purpose,
             "provider": self.name,
             "model": self.model,
-            "system": system,
-            "prompt": prompt,
+            "system": request.system,
+            "prompt": request.prompt,
             "text": completion.text,
             "input_tokens": completion.input_tokens,
             "output_tokens": completion.output_tokens,
