@@ -11,7 +11,6 @@ from htam_engine import parsing
 from htam_engine.parsing import text, walk
 from htam_engine.strategies.base import mentions
 
-WRITES = ("assignment_expression", "update_expression")
 EXITS = ("return_statement", "break_statement", "goto_statement")
 
 
