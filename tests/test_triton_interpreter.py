@@ -11,6 +11,9 @@ from helpers.examples import EXAMPLES
 from helpers.triton import SHAPES, interpret, interpret_process, run_candidates
 
 from htam_engine import triton_backend
+from htam_engine.evaluate import runner
+from htam_engine.evaluate.static import static_checks
+from htam_engine.evaluate.verdict import Check
 from htam_engine.strategies import REGISTRY
 from htam_engine.triton_backend import INSTALL_HINT, NOT_TIMED
 
@@ -92,6 +95,24 @@ def test_a_candidate_must_launch_a_triton_kernel() -> None:
     )
     assert "gelu_kernel) are never launched" in (triton_backend.unlaunched(torch_only) or "")
     assert "no @triton.jit kernel" in (triton_backend.unlaunched("import torch\n") or "")
+
+
+def test_the_evaluator_refuses_a_triton_candidate_that_launches_no_kernel() -> None:
+    reference = (EXAMPLES / "gelu" / "reference.py").read_text()
+    naive = (EXAMPLES / "gelu" / "triton_naive.py").read_text()
+    unlaunched = naive.split("class ModelNew")[0] + (
+        "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+    )
+
+    def launch(source: str, backend: str) -> Check | None:
+        checks = static_checks(source, "py", reference, backend=backend)
+        return next((c for c in checks if c.name == "static.triton_launch"), None)
+
+    assert launch(naive, "triton") == Check("static.triton_launch", True, "")
+    refused = launch(unlaunched, "triton")
+    assert refused is not None and not refused.passed and "never launched" in refused.detail
+    assert launch(unlaunched, "cuda") is None  # the rule is Triton's
+    assert runner._kind("static.triton_launch") == "not_custom_kernel"
 
 
 def test_kernels_and_grids_may_call_only_triton() -> None:
