@@ -3,46 +3,12 @@ LLM credentials; the session fails if the user's real data dir changed while it 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.hermetic import REAL_DATA_DIR, STRIPPED, snapshot
 
-# Variables that would make a test reach a real LLM, read a user's cassette, or price calls
-# with a user's table. Tests that need one set it themselves.
-STRIPPED = (
-    "ANTHROPIC_API_KEY",
-    "ANTHROPIC_BASE_URL",
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-    "OPENAI_ORG_ID",
-    "HTAM_LLM_BASE_URL",
-    "HTAM_LLM_MODEL",
-    "HTAM_CASSETTE",
-    "HTAM_PRICES",
-)
-
-
-def real_data_dir() -> Path:
-    """The data dir HTAM would use without `HTAM_HOME` (what a user's runs write into)."""
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("htam", appauthor=False))
-
-
-def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every file under `folder` with its size and modification time."""
-    if not folder.exists():
-        return {}
-    return {
-        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-        for p in folder.rglob("*")
-        if p.is_file()
-    }
-
-
-REAL_DATA_DIR = real_data_dir()
 _BEFORE = snapshot(REAL_DATA_DIR)
 
 
@@ -58,6 +24,12 @@ def hermetic_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     yield root
 
 
+@pytest.fixture
+def htam_home(hermetic_env: Path) -> Path:
+    """This test's HTAM home, the folder `HTAM_HOME` points to (not created yet)."""
+    return hermetic_env / "home"
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if any test wrote into the user's real data dir."""
     changed = sorted(set(snapshot(REAL_DATA_DIR).items()) ^ set(_BEFORE.items()))
@@ -65,13 +37,3 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         names = sorted({name for name, _ in changed})
         print(f"\nTests changed the user's data dir {REAL_DATA_DIR}: {names[:10]}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def require(problem: str | None) -> None:
-    """Skip a test whose toolchain is missing, naming why; in CI (`CI=true`) fail instead,
-    so a broken setup can never pass as a run of skips."""
-    if problem is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI has no excuse to skip: {problem}")
-    pytest.skip(problem)

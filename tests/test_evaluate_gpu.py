@@ -4,7 +4,6 @@ Run where a GPU is reachable with `pytest -m gpu -s tests/test_evaluate_gpu.py`;
 measured numbers are printed (and nothing measured is asserted as a constant).
 """
 
-import os
 import statistics
 from pathlib import Path
 
@@ -19,17 +18,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU (none reported)"),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def htam_home(tmp_path_factory):
-    previous = os.environ.get("HTAM_HOME")
-    os.environ["HTAM_HOME"] = str(tmp_path_factory.mktemp("htam-home"))
-    yield
-    if previous is None:
-        del os.environ["HTAM_HOME"]
-    else:
-        os.environ["HTAM_HOME"] = previous
 
 
 def run(name: str, use_cache: bool = True):

@@ -45,8 +45,7 @@ def test_cuda_source_found_inside_a_load_inline_candidate():
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the no-GPU path; this machine has a GPU")
-def test_cuda_task_without_gpu_is_compile_checked_then_no_gpu(tmp_path, monkeypatch):
-    monkeypatch.setenv("HTAM_HOME", str(tmp_path / "home"))
+def test_cuda_task_without_gpu_is_compile_checked_then_no_gpu(tmp_path):
     (tmp_path / "reference.py").write_text((FIXTURES / "reference.py").read_text())
     kernel = tmp_path / "scale.cu"
     kernel.write_text("// htam: reference=reference.py entry=scale\n" + KERNEL)

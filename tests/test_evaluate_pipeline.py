@@ -1,7 +1,6 @@
 """The whole evaluation pipeline on CPU, with real compiled candidates and real processes."""
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -16,19 +15,6 @@ from htam_engine.task import load_task
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 SOFTMAX = Path(__file__).resolve().parent.parent / "examples" / "softmax" / "cpu_naive.py"
 QUICK = Limits(compile_s=60, verify_s=30, time_s=60)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def htam_home(tmp_path_factory):
-    """A private HTAM home (cache, builds, locks) for this module."""
-    previous = os.environ.get("HTAM_HOME")
-    home = tmp_path_factory.mktemp("htam-home")
-    os.environ["HTAM_HOME"] = str(home)
-    yield home
-    if previous is None:
-        del os.environ["HTAM_HOME"]
-    else:
-        os.environ["HTAM_HOME"] = previous
 
 
 def run(name: str, **kwargs):

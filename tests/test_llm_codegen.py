@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from llm_api_server import Reply, ScriptedAPIServer, sdk_provider
+from helpers.llm_api_server import Reply, ScriptedAPIServer, sdk_provider
 
 from htam_engine.llm import (
     LIMITS,

@@ -19,11 +19,6 @@ from htam_engine.llm import (
 )
 
 
-@pytest.fixture(autouse=True)
-def htam_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HTAM_HOME", str(tmp_path / "home"))
-
-
 @pytest.fixture
 def cassette(tmp_path: Path) -> Path:
     path = tmp_path / "c.jsonl"

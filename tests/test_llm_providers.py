@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llm_api_server import ANTHROPIC_PATH, OPENAI_PATH, Reply, ScriptedAPIServer
+from helpers.llm_api_server import ANTHROPIC_PATH, OPENAI_PATH, Reply, ScriptedAPIServer
 
 from htam_engine.llm import LLMError, Provider, RetryPolicy, load_prices, make_provider
 from htam_engine.llm.remote import retry_after_s
@@ -23,14 +23,6 @@ PATHS = {"anthropic": ANTHROPIC_PATH, "openai": OPENAI_PATH}
 def server() -> Iterator[ScriptedAPIServer]:
     with ScriptedAPIServer() as running:
         yield running
-
-
-@pytest.fixture(autouse=True)
-def htam_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "home"
-    monkeypatch.setenv("HTAM_HOME", str(home))
-    monkeypatch.delenv("HTAM_PRICES", raising=False)
-    return home
 
 
 def provider(

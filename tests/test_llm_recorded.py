@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_api_server import Reply, ScriptedAPIServer, sdk_provider
+from helpers.llm_api_server import Reply, ScriptedAPIServer, sdk_provider
 
 from htam_engine.llm import LIMITS, extract_candidate, extract_json, make_provider, parse_choice
 from htam_engine.llm.measure import CODE_PURPOSES, measure

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_api_server import Reply, ScriptedAPIServer, sdk_provider
+from helpers.llm_api_server import Reply, ScriptedAPIServer, sdk_provider
 
 from htam_engine.llm import LLMError, choice_schema, make_provider, parse_choice
 from htam_engine.llm.remote import GRAMMAR_STRING_CHARS

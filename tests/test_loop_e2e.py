@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_api_server import Reply, Request, ScriptedAPIServer
+from helpers.hermetic import environment_in, second_home
+from helpers.llm_api_server import Reply, Request, ScriptedAPIServer
 
 from htam_engine.events import Event, Phase
 from htam_engine.memory import load_seed
@@ -43,7 +43,7 @@ def htam(home: Path, *args: str, env: dict[str, str] | None = None) -> dict[str,
         capture_output=True,
         text=True,
         timeout=900,
-        env={**os.environ, "HTAM_HOME": str(home), **(env or {})},
+        env=environment_in(home, **(env or {})),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
@@ -54,8 +54,8 @@ def attempts(home: Path) -> dict[str, int]:
     return {n["id"]: n["stats"]["attempts"] for n in memory["local_nodes"]}
 
 
-def test_offline_run_learns_from_real_outcomes(task: Path, tmp_path: Path) -> None:
-    home = tmp_path / "home"
+def test_offline_run_learns_from_real_outcomes(task: Path, tmp_path: Path, htam_home: Path) -> None:
+    home = htam_home
     result = htam(
         home,
         "optimize",
@@ -111,8 +111,8 @@ class KernelEngineerServer(ScriptedAPIServer):
         return Reply(text=f"Here it is:\n```python\n{LLM_ANSWER.read_text()}```\nEnjoy.")
 
 
-def test_llm_run_records_and_replays(task: Path, tmp_path: Path) -> None:
-    home, cassette = tmp_path / "home", tmp_path / "run.jsonl"
+def test_llm_run_records_and_replays(task: Path, tmp_path: Path, htam_home: Path) -> None:
+    home, cassette = htam_home, tmp_path / "run.jsonl"
     common = ["--device", "cpu", "--steps", "2", "--seed", "7", "--json"]
     with KernelEngineerServer() as server:
         recorded = htam(
@@ -139,7 +139,7 @@ def test_llm_run_records_and_replays(task: Path, tmp_path: Path) -> None:
         assert attempts(home)[step["local"]] >= 1
 
     # A fresh memory with the recorded verdicts cached: the same seed must retrace the run.
-    replay_home = tmp_path / "replay-home"
+    replay_home = second_home(htam_home, "replay-home")
     shutil.copytree(home / "eval-cache", replay_home / "eval-cache")
     replayed = htam(
         replay_home,

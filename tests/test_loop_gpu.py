@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +41,6 @@ def test_cuda_loop_finds_a_correct_faster_kernel(example: str, tmp_path: Path) -
         capture_output=True,
         text=True,
         timeout=900,
-        env={**os.environ, "HTAM_HOME": str(tmp_path / "home")},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)

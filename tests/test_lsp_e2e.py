@@ -6,15 +6,15 @@ refusal) -> apply -> hover shows the rationale; and a cancelled step leaves no w
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_lsp
-from fixtures.lsp.lspkit import (
+from helpers.lsp import (
     CLIENTS,
-    HOME,
     REPO,
     apply_edits,
     edits_of,
@@ -146,8 +146,10 @@ async def test_cancel_kills_the_worker(client: LanguageClient, task: Path):
     )
     pid = running["pid"]
 
+    home = os.environ["HTAM_HOME"]  # this test's, as the server it started has
+
     def workers() -> list[int]:  # evaluation workers run in sessions of their own
-        return live_processes(lambda _, cmd: "htam_engine.evaluate.worker" in cmd and HOME in cmd)
+        return live_processes(lambda _, cmd: "htam_engine.evaluate.worker" in cmd and home in cmd)
 
     def group() -> list[int]:
         return live_processes(lambda pgid, _: pgid == pid)

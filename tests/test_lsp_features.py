@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 import pytest_lsp
-from conftest import require
-from fixtures.lsp.lspkit import (
+from helpers.lsp import (
     CLIENTS,
     FIXTURES,
     REPO,
@@ -19,6 +18,7 @@ from fixtures.lsp.lspkit import (
     server_config,
     wait_until,
 )
+from helpers.skips import require
 from lsprotocol import types as t
 from pytest_lsp import LanguageClient
 

@@ -7,11 +7,10 @@ instead of being logged and swallowed by the server's safety net.
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from fixtures.lsp.lspkit import apply_edits
+from helpers.lsp import apply_edits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lsprotocol import types as t
@@ -144,14 +143,15 @@ HANDLERS = {
     "actions": srv.code_action,
     "lens": srv.code_lens,
 }
-HOME = Path(tempfile.mkdtemp(prefix="htam-lsp-fuzz-"))
+# One home for all examples is what the test wants: conftest's, from the `htam_home` fixture.
+HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=HEALTH)
 @given(data=st.data(), encoding=st.sampled_from(ENCODINGS))
-def test_document_handlers_never_raise(data: st.DataObject, encoding: str) -> None:
+def test_document_handlers_never_raise(data: st.DataObject, encoding: str, htam_home: Path) -> None:
     async def run() -> None:
-        ls = _server(encoding, HOME)
+        ls = _server(encoding, htam_home)
         for _ in range(data.draw(st.integers(1, 12))):
             kind, params = _operation(data)
             result = HANDLERS[kind].__wrapped__(ls, params)  # type: ignore[attr-defined]

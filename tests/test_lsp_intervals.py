@@ -14,15 +14,22 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_lsp
-from conftest import STRIPPED
-from fixtures.lsp.lspkit import CLIENTS, FIXTURES, REPO, find, initialize, open_file, wait_until
+from helpers.lsp import (
+    CLIENTS,
+    FIXTURES,
+    REPO,
+    find,
+    initialize,
+    open_file,
+    server_config,
+    wait_until,
+)
 from lsprotocol import types as t
 from pytest_lsp import ClientServerConfig, LanguageClient
 
@@ -34,16 +41,12 @@ START_REF = 0.5  # the starting code over PyTorch, with its interval 0.48-0.52
 
 
 def _config() -> ClientServerConfig:
-    env = {k: v for k, v in os.environ.items() if k not in STRIPPED}
-    env.update(
-        HTAM_HOME=str(FAKE / "home"),
-        PYTHONUNBUFFERED="1",
+    return server_config(
         HTAM_LSP_ENGINE="fake_engine",
-        PYTHONPATH=os.pathsep.join([str(FIXTURES), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]),
         HTAM_FAKE_ENGINE_SCRIPT=str(SCRIPT),
         HTAM_FAKE_ENGINE_LOG=str(LOG),
     )
-    return ClientServerConfig([sys.executable, "-m", "htam_lsp.server"], server_env=env)
 
 
 @pytest_lsp.fixture(config=_config(), params=CLIENTS)

@@ -3,15 +3,15 @@ applies and explains a candidate that another process recorded."""
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
 import pytest
 import pytest_lsp
-from fixtures.lsp.lspkit import (
+from helpers.lsp import (
     CLIENTS,
     FIXTURES,
-    HOME,
     annotated,
     apply_edits,
     edits_of,
@@ -69,7 +69,7 @@ def step_event(global_id: str, local: str, speedup: float, source: str) -> event
 
 def record_steps(uri: str, text: str, steps: list[events.Step]) -> None:
     """Store steps for `uri` as another server process would have."""
-    store = sg.SuggestionStore(Path(HOME))
+    store = sg.SuggestionStore(Path(os.environ["HTAM_HOME"]))  # the server's, this test's
     for step in steps:
         store.add(uri, step, sg.anchor(text, step.source, [])).result()
 

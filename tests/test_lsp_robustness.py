@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import pytest_lsp
-from fixtures.lsp.lspkit import FIXTURES, initialize, open_file, server_config, wait_until
+from helpers.lsp import FIXTURES, initialize, open_file, server_config, wait_until
 from lsprotocol import types as t
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +17,10 @@ RUNNER = (
 )
 
 
-def htam(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HTAM_HOME": str(home)}
+def htam(*args: str) -> subprocess.CompletedProcess[str]:
+    """`htam memory ARGS` in the test's own home (conftest's `HTAM_HOME`)."""
     return subprocess.run(
         [sys.executable, "-c", RUNNER, "memory", *args],
-        env=env,
         capture_output=True,
         text=True,
         timeout=60,
@@ -31,7 +29,7 @@ def htam(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_show_json_prints_one_object_with_node_ids(tmp_path: Path) -> None:
-    result = htam(tmp_path, "show", "--backend", "cpu", "--json")
+    result = htam("show", "--backend", "cpu", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["backend"] == "cpu"
@@ -41,21 +39,21 @@ def test_show_json_prints_one_object_with_node_ids(tmp_path: Path) -> None:
 
 
 def test_show_human_output_is_a_table_on_stderr(tmp_path: Path) -> None:
-    result = htam(tmp_path, "show")
+    result = htam("show")
     assert result.returncode == 0
     assert result.stdout == ""
     assert "Memory Access" in result.stderr
 
 
 def test_graph_formats(tmp_path: Path) -> None:
-    mermaid = htam(tmp_path, "graph", "--format", "mermaid", "--backend", "cpu")
-    dot = htam(tmp_path, "graph", "--format", "dot")
+    mermaid = htam("graph", "--format", "mermaid", "--backend", "cpu")
+    dot = htam("graph", "--format", "dot")
     assert mermaid.stdout.startswith("flowchart LR") and "START -->" in mermaid.stdout
     assert dot.stdout.startswith('digraph "htam_cuda"') and dot.stdout.rstrip().endswith("}")
 
 
-def test_export_import_reset_cycle(tmp_path: Path) -> None:
-    home = tmp_path / "home"
+def test_export_import_reset_cycle(tmp_path: Path, htam_home: Path) -> None:
+    home = htam_home
     MemoryStore(home).apply_outcome(
         Outcome(
             "cpu",
@@ -73,17 +71,17 @@ def test_export_import_reset_cycle(tmp_path: Path) -> None:
         )
     )
     exported = tmp_path / "memory.json"
-    assert htam(home, "export", str(exported)).returncode == 0
-    assert htam(home, "reset", "--yes").returncode == 0
+    assert htam("export", str(exported)).returncode == 0
+    assert htam("reset", "--yes").returncode == 0
     assert MemoryStore(home).graph("cpu").locals["opt_flags"].stats.attempts == 0
-    assert htam(home, "import", str(exported)).returncode == 0
+    assert htam("import", str(exported)).returncode == 0
     assert MemoryStore(home).graph("cpu").locals["opt_flags"].stats.attempts == 1
 
 
 def test_bad_import_and_unconfirmed_reset_fail_with_one_clear_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{broken")
-    for result in (htam(tmp_path, "import", str(bad)), htam(tmp_path, "reset")):
+    for result in (htam("import", str(bad)), htam("reset")):
         assert result.returncode == 2
         assert result.stderr.startswith("htam: error:")
         assert "Traceback" not in result.stderr
@@ -91,5 +89,5 @@ def test_bad_import_and_unconfirmed_reset_fail_with_one_clear_line(tmp_path: Pat
 
 def test_every_subcommand_has_help(tmp_path: Path) -> None:
     for action in ("show", "export", "import", "reset", "graph"):
-        result = htam(tmp_path, action, "--help")
+        result = htam(action, "--help")
         assert result.returncode == 0 and "usage:" in result.stdout

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require
+from helpers.skips import require
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "editors" / "neovim" / "tests"
@@ -37,7 +37,6 @@ def run_lua(script: Path, tmp_path: Path, timeout: int) -> subprocess.CompletedP
     env = {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "HTAM_HOME": str(tmp_path / "htam-home"),
         "HTAM_TEST_PYTHON": sys.executable,
         "XDG_CONFIG_HOME": str(tmp_path / "config"),
         "XDG_DATA_HOME": str(tmp_path / "data"),

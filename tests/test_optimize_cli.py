@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llm_api_server import ScriptedAPIServer
+from helpers.llm_api_server import ScriptedAPIServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,14 +55,11 @@ def test_no_cache_times_the_start_afresh(tmp_path: Path) -> None:
     folder = tmp_path / "softmax"
     shutil.copytree(ROOT / "examples" / "softmax", folder)
     task, reference = folder / "cpu_naive.py", folder / "reference.py"
-    env = {**os.environ, "HTAM_HOME": str(tmp_path / "home")}
     command = [sys.executable, "-m", "htam_engine.cli", "eval", str(reference), str(task), "--json"]
     for _ in range(2):
-        verdict = json.loads(
-            subprocess.run(command, capture_output=True, text=True, env=env).stdout
-        )
+        verdict = json.loads(subprocess.run(command, capture_output=True, text=True).stdout)
     assert verdict["cached"] or not verdict["converged"], "a settled verdict is read back"
     flags = ["--provider", "offline", "--device", "cpu", "--steps", "1", "--no-cache"]
-    done = optimize(task, *flags, "--output", str(tmp_path / "out"), env=env)
+    done = optimize(task, *flags, "--output", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["start_verdict"]["cached"] is False

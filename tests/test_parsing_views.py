@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_examples_cpu import EXAMPLES, TASKS
+from helpers.examples import EXAMPLES, TASKS
 
 from htam_engine import parsing
 from htam_engine.parsing import cxx_source

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_examples_cpu import EXAMPLES, TASKS, assert_close, run_candidate
+from helpers.examples import EXAMPLES, TASKS, assert_close, run_candidate
 
 from htam_engine import parsing
 from htam_engine.strategies import REGISTRY

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_examples_cpu import EXAMPLES, TASKS
-from test_examples_cuda import NVCC, kernel_sources, nvcc_compile
+from helpers.cuda import NVCC, kernel_sources, nvcc_compile
+from helpers.examples import EXAMPLES, TASKS
 
 from htam_engine.strategies import REGISTRY
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from test_examples_cpu import EXAMPLES, TASKS, assert_close, load_module
+from helpers.examples import EXAMPLES, TASKS, assert_close, load_module
 
 from htam_engine import parsing
 from htam_engine.kernels import load_cpp

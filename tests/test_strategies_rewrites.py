@@ -4,7 +4,7 @@ ways (with a reason), idempotence, and outputs that still parse."""
 from __future__ import annotations
 
 import pytest
-from test_examples_cpu import EXAMPLES, TASKS
+from helpers.examples import EXAMPLES, TASKS
 
 from htam_engine import parsing
 from htam_engine.strategies import REGISTRY, NotApplicable

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require
-from llm_api_server import Reply, Request, ScriptedAPIServer
+from helpers.llm_api_server import Reply, Request, ScriptedAPIServer
+from helpers.skips import require
 
 from htam_engine import sweep
 from htam_engine.errors import UserError

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import require
-from test_examples_cpu import EXAMPLES, assert_close, load_module
-from test_triton_strategies import TASKS, TRITON_IDS, chain
+from helpers.examples import EXAMPLES, assert_close, load_module
+from helpers.skips import require
+from helpers.triton import TRITON_IDS, TRITON_TASKS, chain
 
 from htam_engine import triton_backend
 from htam_engine.strategies import REGISTRY
@@ -35,7 +35,7 @@ def bench(model: torch.nn.Module, inputs: list[torch.Tensor]) -> float:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", TRITON_TASKS)
 def test_triton_examples_and_rewrites_on_a_gpu(task: str, tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")

@@ -4,114 +4,23 @@ reference, a wrong one does not), autotuned ones too, and the evaluator's Triton
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import require
-from test_examples_cpu import EXAMPLES
+from helpers.examples import EXAMPLES
+from helpers.triton import SHAPES, interpret, interpret_process, run_candidates
 
 from htam_engine import triton_backend
+from htam_engine.evaluate import runner
+from htam_engine.evaluate.static import static_checks
+from htam_engine.evaluate.verdict import Check
 from htam_engine.strategies import REGISTRY
 from htam_engine.triton_backend import INSTALL_HINT, NOT_TIMED
-
-# Shapes that do not divide the examples' blocks, so every mask is exercised.
-SHAPES = {"gelu": [(3, 1000)], "softmax": [(5, 3000)], "matmul": [(100, 70), (70, 90)]}
-RUNNER = """
-import contextlib, importlib.util, json, sys
-
-import torch
-from htam_engine import triton_backend
-
-NUMPY_CALLS = []
-
-
-def probe(frame, event, arg):  # like the evaluator's library probe
-    if event == "call" and "/numpy/" in frame.f_code.co_filename:
-        NUMPY_CALLS.append(frame.f_code.co_name)
-
-
-@contextlib.contextmanager
-def paused():
-    previous = sys.getprofile()
-    sys.setprofile(None)
-    try:
-        yield
-    finally:
-        sys.setprofile(previous)
-
-
-if sys.argv[1] != "bare":
-    triton_backend.prepare_interpreter(unwatched=paused if sys.argv[1] == "paused" else None)
-
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-reference_path, shapes, candidates = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4:]
-reference = load(reference_path, "reference")
-torch.manual_seed(0)
-inputs = [torch.randn(*shape) for shape in shapes]
-expected = reference.Model(*reference.get_init_inputs())(*inputs)
-errors = {}
-for i, path in enumerate(candidates):
-    model = load(path, f"candidate{i}").ModelNew(*reference.get_init_inputs())
-    sys.setprofile(probe)
-    actual = model(*inputs)
-    sys.setprofile(None)
-    errors[path] = ((actual - expected).abs().max() / expected.abs().max()).item()
-print(json.dumps({"errors": errors, "numpy_calls": len(NUMPY_CALLS)}))
-"""
-
-
-def run_candidates(task: str, sources: dict[str, str], folder: Path) -> dict[str, float]:
-    """The max error of each candidate source against the task's reference (relative to
-    the reference's largest value), run by Triton's interpreter in a fresh process with
-    the evaluator's Triton environment."""
-    return interpret(task, sources, folder, "prepared")["errors"]
-
-
-def interpret(task: str, sources: dict[str, str], folder: Path, mode: str) -> dict[str, Any]:
-    """The runner's report: `errors` by label and the `numpy_calls` a profile hook like
-    the evaluator's library probe saw during the calls."""
-    done, paths = _interpret(task, sources, folder, mode)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.splitlines()[-1])
-    errors = {label: report["errors"][str(path)] for label, path in paths.items()}
-    return {"errors": errors, "numpy_calls": report["numpy_calls"]}
-
-
-def _interpret(
-    task: str, sources: dict[str, str], folder: Path, mode: str
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Path]]:
-    require(triton_backend.missing())
-    paths = {}
-    for label, source in sources.items():
-        paths[label] = folder / f"{label.replace('.', '_')}.py"
-        paths[label].write_text(source)
-    env = {**os.environ, **triton_backend.environment("cpu", folder / "scratch")}
-    argv = [mode, str(EXAMPLES / task / "reference.py"), json.dumps(SHAPES[task])]
-    done = subprocess.run(
-        [sys.executable, "-c", RUNNER, *argv, *map(str, paths.values())],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return done, paths
 
 
 def test_autotuned_candidates_need_the_prepared_interpreter(tmp_path: Path) -> None:
     tuned = REGISTRY["triton.autotune"].apply((EXAMPLES / "gelu" / "triton_naive.py").read_text())
-    bare, _ = _interpret("gelu", {"tuned": tuned}, tmp_path, "bare")
+    bare, _ = interpret_process("gelu", {"tuned": tuned}, tmp_path, "bare")
     assert bare.returncode != 0 and "active drivers" in bare.stderr
     assert run_candidates("gelu", {"tuned": tuned}, tmp_path)["tuned"] < 1e-4
 
@@ -186,6 +95,24 @@ def test_a_candidate_must_launch_a_triton_kernel() -> None:
     )
     assert "gelu_kernel) are never launched" in (triton_backend.unlaunched(torch_only) or "")
     assert "no @triton.jit kernel" in (triton_backend.unlaunched("import torch\n") or "")
+
+
+def test_the_evaluator_refuses_a_triton_candidate_that_launches_no_kernel() -> None:
+    reference = (EXAMPLES / "gelu" / "reference.py").read_text()
+    naive = (EXAMPLES / "gelu" / "triton_naive.py").read_text()
+    unlaunched = naive.split("class ModelNew")[0] + (
+        "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+    )
+
+    def launch(source: str, backend: str) -> Check | None:
+        checks = static_checks(source, "py", reference, backend=backend)
+        return next((c for c in checks if c.name == "static.triton_launch"), None)
+
+    assert launch(naive, "triton") == Check("static.triton_launch", True, "")
+    refused = launch(unlaunched, "triton")
+    assert refused is not None and not refused.passed and "never launched" in refused.detail
+    assert launch(unlaunched, "cuda") is None  # the rule is Triton's
+    assert runner._kind("static.triton_launch") == "not_custom_kernel"
 
 
 def test_kernels_and_grids_may_call_only_triton() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_examples_cpu import EXAMPLES
+from helpers.examples import EXAMPLES
 
 from htam_engine import parsing
 from htam_engine.task import guess_backend, load_task

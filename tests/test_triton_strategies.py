@@ -6,14 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_examples_cpu import EXAMPLES
-from test_triton_interpreter import run_candidates
+from helpers.examples import EXAMPLES
+from helpers.triton import TRITON_IDS, TRITON_TASKS, chain, run_candidates
 
 from htam_engine import parsing
 from htam_engine.strategies import REGISTRY, NotApplicable
 
-TRITON_IDS = sorted(rid for rid in REGISTRY if rid.startswith("triton."))
-TASKS = ("gelu", "softmax", "matmul")
+TASKS = TRITON_TASKS
 # Rewrites that apply to only some examples; every other one applies to all three.
 ONLY = {"triton.num_stages": {"matmul"}, "triton.group_m": {"matmul"}}
 TAG_AFTER = {
@@ -75,14 +74,6 @@ def test_block_sizes_double_until_the_tile_limit() -> None:
     assert "size limit" in (REGISTRY["triton.block_size"].check(source) or "")
     matmul = REGISTRY["triton.block_size"].apply(example("matmul"))
     assert "BLOCK_M=128, BLOCK_N=128, BLOCK_K=32" in matmul
-
-
-def chain(source: str) -> str:
-    """Every Triton rewrite that applies, in id order, one after the other."""
-    for rid in TRITON_IDS:
-        if REGISTRY[rid].check(source) is None:
-            source = REGISTRY[rid].apply(source)
-    return source
 
 
 @pytest.mark.parametrize("task", TASKS)

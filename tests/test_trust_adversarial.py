@@ -23,13 +23,6 @@ OLD_CHEATS = Path(__file__).parent / "fixtures" / "eval" / "cheats"
 QUICK = Limits(compile_s=60, verify_s=30, time_s=60)
 
 
-@pytest.fixture(autouse=True)
-def htam_home(tmp_path, monkeypatch):
-    home = tmp_path / "htam-home"
-    monkeypatch.setenv("HTAM_HOME", str(home))
-    return home
-
-
 def measure(path: Path, source: str | None = None) -> Verdict:
     """The candidate at `path` through everything after the static checks."""
     task = load_task(path)

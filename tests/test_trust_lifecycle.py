@@ -23,13 +23,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 QUICK = Limits(compile_s=60, verify_s=30, time_s=60)
 
 
-@pytest.fixture(autouse=True)
-def htam_home(tmp_path, monkeypatch):
-    home = tmp_path / "htam-home"
-    monkeypatch.setenv("HTAM_HOME", str(home))
-    return home
-
-
 def processes_mentioning(text: str) -> list[int]:
     """Live processes whose command line names `text` (a job folder lies under it)."""
     found = []
@@ -66,9 +59,8 @@ def test_a_setsid_daemon_does_not_outlive_the_evaluation(htam_home):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_killing_htam_eval_leaves_no_process_and_no_job_folder(htam_home, signum):
     task = FIXTURES / "eval" / "hang.py"
-    env = {**os.environ, "HTAM_HOME": str(htam_home)}
     command = [sys.executable, "-m", "htam_engine.cli", "eval", str(task), str(task), "--no-cache"]
-    caller = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    caller = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     workers = lambda: [p for p in processes_mentioning(str(htam_home)) if p != caller.pid]  # noqa: E731
     try:
         assert wait_until(lambda: len(workers()) >= 3, 60), "the evaluation never started"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import pickle
 import sqlite3
 from pathlib import Path
@@ -19,10 +18,9 @@ from htam_engine.task import load_task
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HTAM_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+@pytest.fixture
+def home(htam_home: Path) -> Path:
+    return htam_home
 
 
 def clean(sandbox: str = "bwrap") -> Verdict:
@@ -175,15 +173,14 @@ def test_a_record_whose_verdict_names_another_sandbox_is_a_miss() -> None:
     assert cache.get(entry, sandbox="bwrap") is None
 
 
-def _writer(home: str, worker: int) -> None:
-    os.environ["HTAM_HOME"] = home
+def _writer(worker: int) -> None:  # a spawned process inherits the test's HTAM_HOME
     for index in range(40):
         cache.put(key_for(f"{worker}-{index}", "bwrap"), clean(), sandbox="bwrap")
 
 
 def test_processes_writing_at_once_lose_no_record(home: Path) -> None:
     context = multiprocessing.get_context("spawn")
-    writers = [context.Process(target=_writer, args=(str(home), n)) for n in range(4)]
+    writers = [context.Process(target=_writer, args=(n,)) for n in range(4)]
     for process in writers:
         process.start()
     for process in writers:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import require
+from helpers.skips import require
 
 if TYPE_CHECKING:
     from playwright.sync_api import Frame, Page
@@ -290,7 +290,7 @@ def _install_extension(env: dict[str, str], user_data: Path, extensions: Path) -
 
 
 @pytest.fixture
-def vscode(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VSCode]:
+def vscode(tmp_path: Path, htam_home: Path, request: pytest.FixtureRequest) -> Iterator[VSCode]:
     require(_setup_problem())
     from playwright.sync_api import sync_playwright
 
@@ -303,8 +303,8 @@ def vscode(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VSCode]:
     # Built at -O0, the kernel has a win (-O3) big enough to measure on a loaded machine.
     kernel = folder / KERNEL_FILE
     kernel.write_text(kernel.read_text().replace('extra_cflags=["-O2"]', 'extra_cflags=["-O0"]'))
-    user_data, extensions, htam_home = tmp_path / "user-data", tmp_path / "ext", tmp_path / "htam"
-    env = {**_tool_env(), "HTAM_HOME": str(htam_home), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    user_data, extensions = tmp_path / "user-data", tmp_path / "ext"
+    env = {**_tool_env(), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     interpreter = sys.executable
     if getattr(request, "param", None) == BARE:  # a Python without htam, as on a first start
         bare = tmp_path / "bare-venv"

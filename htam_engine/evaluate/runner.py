@@ -47,7 +47,9 @@ LOCK_WAIT_S = 3600.0  # others' timings are bounded; waiting for them is no cand
 # may run tomorrow, and a cancelled or timed-out evaluation said nothing.
 _UNCACHED = ("cancelled", "timeout", "reference_error")
 _INCORRECT = frozenset({"output.shape", "output.dtype", "output.finite", "output.values"})
-_NOT_CUSTOM = frozenset({"runtime.torch_ops", "runtime.library", "static.torch_compute"})
+_NOT_CUSTOM = frozenset(
+    {"runtime.torch_ops", "runtime.library", "static.torch_compute", "static.triton_launch"}
+)
 _TORCH_USED = "runtime.allowed_torch_ops"  # the worker's word on the allowed ops it ran
 _STATIC_CALL = re.compile(r"line \d+: (?P<call>[\w.]+)")
 
@@ -147,7 +149,7 @@ def _evaluate(
             "sizes": {name: [old, new] for name, old, new in task.scaled},
         }
     allowed = allowed_ops(task.allow_torch)
-    verdict.checks = static_checks(source, task.kind, task.reference_source, allowed)
+    verdict.checks = static_checks(source, task.kind, task.reference_source, allowed, task.backend)
     failed = [check for check in verdict.checks if not check.passed]
     if failed:
         kinds = {_kind(check.name) for check in failed}

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from tree_sitter import Node
 
+from htam_engine import triton_backend
 from htam_engine.evaluate.verdict import Check
 from htam_engine.parsing import embedded_sources, parse, text, walk
 
@@ -517,10 +518,6 @@ class _Code:
         return _hits(sorted(found))
 
 
-def _no_python(_view: _PyView) -> Iterator[tuple[int, str]]:
-    return iter(())
-
-
 def _never(_token: _CppToken) -> bool:
     return False
 
@@ -689,10 +686,15 @@ def _low_precision(code: _Code) -> str:
 
 
 def static_checks(
-    source: str, kind: str, reference_source: str, allowed: frozenset[str] = frozenset()
+    source: str,
+    kind: str,
+    reference_source: str,
+    allowed: frozenset[str] = frozenset(),
+    backend: str = "",
 ) -> list[Check]:
     """Every static check on a candidate: a failed check names what it found. `allowed`:
-    the aten ops the policy lets torch compute (`--allow-torch`)."""
+    the aten ops the policy lets torch compute (`--allow-torch`); a Triton candidate
+    (`backend`) must launch a `@triton.jit` kernel."""
     code = _Code.read(source, kind)
     token_checks: dict[str, Callable[[], str]] = {
         "static.kernelguard": lambda: _kernelguard(source, kind),
@@ -714,5 +716,7 @@ def static_checks(
         "static.dynamic_code": lambda: _dynamic_code(view),
         "static.tensor_subclass": lambda: _tensor_subclass(tree),
     }
+    if backend == "triton":
+        tree_checks["static.triton_launch"] = lambda: triton_backend.unlaunched(source) or ""
     checks += [Check(name, not (found := run()), found) for name, run in tree_checks.items()]
     return checks

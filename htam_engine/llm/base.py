@@ -24,10 +24,6 @@ __all__ = [
     "register_secret",
 ]
 
-# How an answer's cost is known: from the price table, zero for a server on this
-# machine or network, or not at all (a remote model with no listed price).
-PRICINGS = ("listed", "local", "unknown")
-
 
 @dataclass(frozen=True)
 class JsonSchema:
@@ -73,6 +69,8 @@ class Completion:
     latency_s: float
     form: str = "text"
     truncated: bool = False
+    # How the cost is known: "listed" (the price table), "local" (zero, a server on this
+    # machine or network) or "unknown" (a remote model with no listed price).
     pricing: str = "listed"
 
     def to_json(self) -> dict[str, Any]:

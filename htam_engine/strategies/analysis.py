@@ -10,7 +10,6 @@ from tree_sitter import Node
 from htam_engine.parsing import cxx_source, text, walk
 from htam_engine.strategies.base import mentions
 
-WRITES = ("assignment_expression", "update_expression")
 EXITS = ("return_statement", "break_statement", "goto_statement")
 
 
