@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from htam_engine import events
 from htam_lsp import render
 from htam_lsp import suggestions as sg
-from htam_lsp.actions import _minimal_change, map_line
+from htam_lsp.diagnostics import map_line
 from htam_lsp.jobs import Job, ending
+from htam_lsp.offers import minimal_change
 from htam_lsp.positions import UTF8, UTF16, UTF32, LineIndex, encode
 from htam_lsp.settings import Settings
 
@@ -58,7 +59,7 @@ def test_line_index_agrees_with_splitlines_and_round_trips(text: str):
 @given(st.text(max_size=60), st.text(max_size=60))
 def test_minimal_change_rebuilds_the_new_text(old: str, new: str):
     a, b = encode(old), encode(new)
-    start, end, replacement = _minimal_change(a, b)
+    start, end, replacement = minimal_change(a, b)
     assert a[:start] + replacement + a[end:] == b
     # Never splits a UTF-8 sequence: both ends decode cleanly.
     a[:start].decode("utf-8", "surrogatepass")
@@ -155,7 +156,7 @@ def test_a_job_ends_with_the_engines_own_word():
 
 def test_titles_label_non_portable_edits_first_and_say_only_what_the_name_does_not():
     from htam_lsp import render
-    from htam_lsp.actions import _said
+    from htam_lsp.offers import _said
 
     old, new = 'cflags=["-O2"]', 'cflags=["-O3", "-march=native"]'
     record = sg.StepRecord(1, _step(1.5, ""), 0.0, sg.Anchor(old, new))
