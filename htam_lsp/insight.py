@@ -139,7 +139,8 @@ def state(doc: Document, unit: Unit) -> State:
 
 def preview(doc: Document, unit: Unit, graph: Graph) -> tuple[str, dict[str, Any]]:
     """(state text, GlobalDecision JSON): what the memory would pick first for `unit`."""
-    return _cached(doc, f"preview:{unit.name}", lambda: _preview(doc, unit, graph))
+    key = f"preview:{unit.name}:{graph.revision}"  # a step changes the memory: a new preview
+    return _cached(doc, key, lambda: _preview(doc, unit, graph))
 
 
 def _preview(doc: Document, unit: Unit, graph: Graph) -> tuple[str, dict[str, Any]]:

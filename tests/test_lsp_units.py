@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -221,3 +222,43 @@ def test_stop_asks_with_sigterm_then_kills_what_ignores_it():
     assert job.state == "cancelled" and took < 0.5  # SIGTERM was enough
     job, took = asyncio.run(run(stubborn))
     assert job.state == "cancelled" and 0.5 <= took < 5  # killed after the grace period
+
+
+def test_the_hover_preview_follows_a_changed_memory(tmp_path: Path):
+    """The preview is cached per document version *and* graph revision: an outcome the
+    memory learned (a step, another process) gives a new preview, not the cached one."""
+    from htam_engine.memory import MemoryStore
+    from htam_engine.memory.model import START, Outcome
+    from htam_lsp import discovery, insight
+    from htam_lsp.documents import Document
+
+    path = Path(__file__).parent / "fixtures/lsp/cuda/scale_bound.cu"
+    doc = Document(path.as_uri(), "cuda-cpp", 1, path.read_bytes())
+    unit = next(u for u in discovery.units(doc) if u.name == "scale")
+    with MemoryStore(tmp_path) as store:
+        before = store.graph("cuda")
+        first = insight.preview(doc, unit, before)
+        assert insight.preview(doc, unit, store.graph("cuda")) is first  # same content
+        chosen = first[1]["chosen"]
+        local = before.locals_of(chosen)[0].id
+        store.apply_outcome(
+            Outcome(
+                "cuda",
+                "cuda:elementwise:scale",
+                [START],
+                [1.0],
+                chosen,
+                local,
+                "incorrect",
+                True,
+                False,
+                None,
+                None,
+                -1.0,
+                "",
+            )  # fmt: skip
+        )
+        after = store.graph("cuda")
+        assert after.revision != before.revision
+        second = insight.preview(doc, unit, after)
+    assert second is not first and second[1] != first[1]
