@@ -32,7 +32,7 @@ from pygls.exceptions import (  # noqa: E402
 from pygls.lsp.server import LanguageServer  # noqa: E402
 
 from htam_engine import __version__  # noqa: E402
-from htam_engine.vocabulary import BACKENDS  # noqa: E402
+from htam_engine.vocabulary import BACKENDS, MAX_STEPS, MIN_STEPS  # noqa: E402
 from htam_lsp import (  # noqa: E402
     code_actions,
     diagnostics,
@@ -426,8 +426,10 @@ async def next_step(ls: HtamServer, *args: Any) -> dict[str, Any]:
 async def optimize(ls: HtamServer, *args: Any) -> dict[str, Any]:
     arg = _argument(args)
     steps = arg.get("steps", ls.settings.steps)
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 100:
-        raise JsonRpcInvalidParams("HTAM: steps must be an integer from 1 to 100")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not MIN_STEPS <= steps <= MAX_STEPS:
+        raise JsonRpcInvalidParams(
+            f"HTAM: steps must be an integer from {MIN_STEPS} to {MAX_STEPS}"
+        )
     return start_job(ls, arg, steps)
 
 
