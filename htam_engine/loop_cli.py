@@ -18,8 +18,7 @@ from htam_engine import events
 from htam_engine.errors import NoStartError, ReferenceFailed, UserError
 from htam_engine.evaluate.cli import add_policy_arguments, with_policy
 from htam_engine.report import format_bounded, format_duel, format_interval, format_speedup
-
-PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
+from htam_engine.vocabulary import PROVIDERS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -23,11 +23,10 @@ import re
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
 
 from htam_engine.errors import UserError
 from htam_engine.parsing import parse, triton_source
-from htam_engine.vocabulary import TORCH_OP_GROUPS, Backend
+from htam_engine.vocabulary import TORCH_OP_GROUPS, Backend, Kind, kind_of
 
 DIRECTIVE_LINES = 10
 _DIRECTIVE = re.compile(r"^\s*(?:#|//)\s*htam:\s*(?P<body>.*)$")
@@ -53,7 +52,7 @@ class Task:
     reference_source: str
     impl_path: Path | None
     impl_source: str | None
-    kind: Literal["py", "cu"]
+    kind: Kind
     entry: str | None
     backend: Backend
     # aten op names and groups (`gemm`, `conv`) a library may compute, see `allowed_ops`
@@ -237,7 +236,7 @@ def load_task(path: str | Path) -> Task:
     """Load the task that `path` (a reference, a bound `.py` or a bound `.cu`) belongs to."""
     impl = Path(path)
     source = _read(impl, "task file")
-    kind: Literal["py", "cu"] = "cu" if impl.suffix in (".cu", ".cuh") else "py"
+    kind = kind_of(impl)
     binding = parse_directive(source)
     if binding.get("reference"):
         binding["reference"] = str(impl.parent / binding["reference"])
@@ -266,7 +265,7 @@ def load_task(path: str | Path) -> Task:
 def with_start(task: Task, start: Path) -> Task:
     """The task optimized from `start` instead: its backend follows the start's code."""
     source = _read(start, "start file")
-    kind: Literal["py", "cu"] = "cu" if start.suffix in (".cu", ".cuh") else "py"
+    kind = kind_of(start)
     if kind != task.kind:
         raise TaskError(f"--start {start} is a .{kind} file but {task.name} is a .{task.kind} task")
     return replace(task, impl_source=source, backend=guess_backend(kind, source))

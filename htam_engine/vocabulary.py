@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import PurePath
 from typing import Literal, get_args
 
 Backend = Literal["cuda", "cpu", "triton"]
@@ -16,6 +17,38 @@ Language = Literal["cuda", "cpp", "python"]
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 DEVICES: tuple[Device, ...] = get_args(Device)
 LANGUAGES: tuple[Language, ...] = get_args(Language)
+
+# The LLM providers a step can use ("auto": chosen from the environment, see llm.choice).
+Provider = Literal["auto", "anthropic", "openai", "replay", "offline"]
+PROVIDERS: tuple[Provider, ...] = get_args(Provider)
+
+# How many steps one job of the server may take (its settings, htam.optimize, the editors).
+MIN_STEPS = 1
+MAX_STEPS = 100
+
+# The states of a server job (`htam/jobState`); a job in a terminal one has ended.
+JobState = Literal["queued", "running", "done", "failed", "cancelled", "refused"]
+JOB_STATES: tuple[JobState, ...] = get_args(JobState)
+TERMINAL_JOB_STATES: tuple[JobState, ...] = ("done", "failed", "cancelled", "refused")
+
+# The language of a kernel file by its suffix (lower case).
+SUFFIX_LANGUAGES: dict[str, Language] = {
+    ".cu": "cuda",
+    ".cuh": "cuda",
+    ".py": "python",
+    ".cpp": "cpp",
+    ".cc": "cpp",
+    ".cxx": "cpp",
+    ".h": "cpp",
+    ".hpp": "cpp",
+}
+# What the evaluator loads: a CUDA source ("cu") or a Python module ("py").
+Kind = Literal["py", "cu"]
+
+
+def kind_of(path: str | PurePath) -> Kind:
+    """ "cu" for a CUDA source (.cu, .cuh), else "py"."""
+    return "cu" if SUFFIX_LANGUAGES.get(PurePath(path).suffix) == "cuda" else "py"
 
 
 class Status(StrEnum):

@@ -17,21 +17,12 @@ import tree_sitter
 import tree_sitter_cuda
 import tree_sitter_python
 
+from htam_engine.vocabulary import SUFFIX_LANGUAGES
 from htam_lsp.positions import LineIndex, decode, encode
 
 # Above this size a file is not a kernel: no parse, no HTAM features (and no stalls).
 MAX_PARSE_BYTES = 2_000_000
 
-_SUFFIXES = {
-    ".cu": "cuda",
-    ".cuh": "cuda",
-    ".py": "python",
-    ".cpp": "cpp",
-    ".cc": "cpp",
-    ".cxx": "cpp",
-    ".h": "cpp",
-    ".hpp": "cpp",
-}
 _LANGUAGE_IDS = {"cuda": "cuda", "cuda-cpp": "cuda", "python": "python", "cpp": "cpp"}
 
 
@@ -45,7 +36,7 @@ def parser_for(language: str) -> tree_sitter.Parser:
 def language_of(uri: str, language_id: str) -> str | None:
     """ "cuda", "cpp", "python" or None (a language HTAM does not read)."""
     suffix = PurePosixPath(urlparse(uri).path).suffix.lower()
-    return _SUFFIXES.get(suffix) or _LANGUAGE_IDS.get(language_id)
+    return SUFFIX_LANGUAGES.get(suffix) or _LANGUAGE_IDS.get(language_id)
 
 
 def uri_path(uri: str) -> str | None:

@@ -20,6 +20,7 @@ from htam_lsp.documents import Document, uri_path
 
 if TYPE_CHECKING:
     from htam_engine.episode import Episode
+    from htam_engine.memory.model import Graph
 
 REFERENCE_GLOB = "*ref*.py"
 DIRECTIVE_BYTES = 4096  # the directive sits on one of the first lines
@@ -136,12 +137,13 @@ def state(doc: Document, unit: Unit) -> State:
     return episode(doc).state(_features(doc, unit, backend(doc)))
 
 
-def preview(doc: Document, unit: Unit, graph: Any) -> tuple[str, dict[str, Any]]:
+def preview(doc: Document, unit: Unit, graph: Graph) -> tuple[str, dict[str, Any]]:
     """(state text, GlobalDecision JSON): what the memory would pick first for `unit`."""
-    return _cached(doc, f"preview:{unit.name}", lambda: _preview(doc, unit, graph))
+    key = f"preview:{unit.name}:{graph.revision}"  # a step changes the memory: a new preview
+    return _cached(doc, key, lambda: _preview(doc, unit, graph))
 
 
-def _preview(doc: Document, unit: Unit, graph: Any) -> tuple[str, dict[str, Any]]:
+def _preview(doc: Document, unit: Unit, graph: Graph) -> tuple[str, dict[str, Any]]:
     s = state(doc, unit)
     decision = episode(doc).choose_global(graph, s, random.Random(0))
     return s.describe(), decision.to_json()

@@ -25,13 +25,14 @@ from typing import Any
 
 from htam_engine import events
 from htam_engine.procs import descendants
+from htam_engine.vocabulary import TERMINAL_JOB_STATES
 
 log = logging.getLogger(__name__)
 
 LINE_LIMIT = 32 * 1024 * 1024  # a step event carries the whole candidate source
 NICENESS = 19  # batch work: the editor wins any contention; idle CPUs still go to the job
 GRACE_S = 5.0  # between SIGTERM and SIGKILL
-TERMINAL = ("done", "failed", "cancelled", "refused")
+TERMINAL = TERMINAL_JOB_STATES
 PLOT = "speedup.png"  # what htam_engine.report writes into a run's output folder
 _ids = itertools.count(1)
 

@@ -7,17 +7,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from htam_engine import events
 from htam_engine.report import format_bounded, format_duel, format_speedup
 from htam_lsp.suggestions import StepRecord
 
+if TYPE_CHECKING:
+    from htam_engine.memory.model import Graph
+
 DIFF_LINES = 80
 TOP_DIRECTIONS = 5
 
 
-def node_name(graph: Any, node_id: str) -> str:
+def node_name(graph: Graph, node_id: str) -> str:
     """The display name of a global or local node (its id when the memory lacks it)."""
     if graph is not None:
         node = graph.globals.get(node_id) or graph.locals.get(node_id)
@@ -62,12 +65,12 @@ def below_text(record: StepRecord, threshold: float) -> str:
     )
 
 
-def move(graph: Any, step: events.Step) -> str:
+def move(graph: Graph, step: events.Step) -> str:
     """`Data Reuse -> shared-memory tiling`."""
     return f"{node_name(graph, step.global_id)} -> {node_name(graph, step.local_id)}"
 
 
-def action_title(graph: Any, record: StepRecord, also: Sequence[str]) -> str:
+def action_title(graph: Graph, record: StepRecord, also: Sequence[str]) -> str:
     """`HTAM: apply Data Reuse -> tiling: 1.46x faster than your code (0.42 -> 0.29 ms;
     PyTorch 0.25 ms), correct on 3 inputs; also <what else the edit adds>`, with edits
     that hold only on this machine labelled first, like ruff's unsafe fixes."""
@@ -79,7 +82,7 @@ def action_title(graph: Any, record: StepRecord, also: Sequence[str]) -> str:
 
 
 def best_lens_title(
-    graph: Any, record: StepRecord | None, slower: StepRecord | None, threshold: float
+    graph: Graph, record: StepRecord | None, slower: StepRecord | None, threshold: float
 ) -> str | None:
     """`Best: 1.46x faster (95 % 1.41-1.52; 0.42 -> 0.29 ms) (Data Reuse -> tiling)` for
     the best offered suggestion; else says that nothing measured beats the current code,
@@ -100,7 +103,7 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def directions_table(graph: Any, decision: dict[str, Any], chosen: str | None) -> list[str]:
+def directions_table(graph: Graph, decision: dict[str, Any], chosen: str | None) -> list[str]:
     """The top directions by probability with score and triggers; `chosen` always shown."""
     candidates = sorted(
         decision.get("candidates", []), key=lambda c: c.get("probability", 0.0), reverse=True
@@ -120,7 +123,7 @@ def directions_table(graph: Any, decision: dict[str, Any], chosen: str | None) -
     return lines
 
 
-def transition_evidence(graph: Any, decision: dict[str, Any]) -> list[str]:
+def transition_evidence(graph: Graph, decision: dict[str, Any]) -> list[str]:
     """Edge terms of the chosen direction: alpha, evidence count, mean, prior, utility."""
     chosen = next(
         (c for c in decision.get("candidates", []) if c.get("id") == decision.get("chosen")), None
@@ -154,7 +157,7 @@ def _top(decision: dict[str, Any]) -> dict[str, Any]:
     return {**decision, "chosen": best.get("id")}
 
 
-def strategy_notes(graph: Any, step: events.Step) -> list[str]:
+def strategy_notes(graph: Graph, step: events.Step) -> list[str]:
     """The local strategy's reason, and the risks and checks the memory holds for it."""
     lines = [
         f"**Strategy:** {node_name(graph, step.local_id)}: {step.reason or 'no reason recorded'}"
@@ -176,7 +179,7 @@ def outcome(step: events.Step) -> str:
     return f"{step.status}: {why[0][:120]}" if why and not step.correct else step.status
 
 
-def history_table(graph: Any, history: Sequence[StepRecord], last: int = 10) -> list[str]:
+def history_table(graph: Graph, history: Sequence[StepRecord], last: int = 10) -> list[str]:
     lines = [
         "| # | when | direction -> strategy | outcome | vs your code | vs best, in pairs "
         "| vs PyTorch |",
@@ -223,7 +226,7 @@ class HoverParts:
     notes: Sequence[str] = ()
 
 
-def hover_markdown(graph: Any, parts: HoverParts) -> str:
+def hover_markdown(graph: Graph, parts: HoverParts) -> str:
     """The hover: the last decision's rationale and history, or the memory's current view."""
     lines = [f"### HTAM: {parts.title}", ""]
     if parts.history:
@@ -259,7 +262,7 @@ class ResultsParts:
     plot: str | None  # the last run's speedup plot (a PNG path)
 
 
-def results_markdown(graph: Any, parts: ResultsParts, notes: Sequence[str]) -> str:
+def results_markdown(graph: Graph, parts: ResultsParts, notes: Sequence[str]) -> str:
     """Every measured step of the kernel, what can be applied now, and the plot."""
     steps = parts.history
     correct = [r for r in steps if r.step.correct]

@@ -1,8 +1,9 @@
 """A job as the editor sees it: why not, the unsaved buffer, progress, and each typed
 event of `htam optimize --events` turned into records, diagnostics and a last message.
 
-The process itself and its cancellation belong to `htam_lsp.jobs.JobManager`; `ls` is
-the `HtamServer` (typed loosely to avoid an import cycle).
+`Runs` is the server's feature object for jobs: it owns the job manager, the worker's
+last word (its provider) and the compile errors the last candidates left; the process
+itself and its cancellation belong to `htam_lsp.jobs.JobManager`.
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types as t
+from pygls.capabilities import get_capability
 
 from htam_engine import events, paths
 from htam_engine.report import format_speedup
 from htam_lsp import discovery, insight, render, status
 from htam_lsp import suggestions as sg
 from htam_lsp.documents import Document, uri_path
-from htam_lsp.jobs import Job, eval_argv, optimize_argv
+from htam_lsp.jobs import Job, JobManager, eval_argv, optimize_argv
+
+if TYPE_CHECKING:
+    from htam_lsp.server import HtamServer
 
 log = logging.getLogger(__name__)
 
@@ -42,93 +47,227 @@ class Start:
         return sg.text_hash(self.text)
 
 
-def start(ls: Any, doc: Document, unit: discovery.Unit, steps: int) -> dict[str, Any]:
-    """Create the job and return its id at once; the work happens in a background task."""
-    running = ls.jobs.active(doc.uri)
-    if running is not None:
-        return {"jobId": running.id, "state": running.state, "alreadyRunning": True}
-    job = ls.jobs.create(doc.uri, unit.name, steps)
-    why_not = refusal(ls, doc, unit)
-    if why_not:
-        job.state, job.message = "refused", why_not
-        ls.publish_job(job)
-        return {"jobId": job.id, "state": job.state, "message": why_not}
-    begun = Start(doc.text, _kernel_ranges(doc))
-    job.excluded = tuple(sg.failed_strategies(ls.records.history(doc.uri), begun.text))
-    ls.publish_job(job)
-    job.task = asyncio.create_task(run(ls, job, doc.data, begun, uri_path(doc.uri) or ""))
-    return {"jobId": job.id, "state": job.state}
+class Runs:
+    """Jobs of the server: started, refused, followed event by event, summarised."""
 
+    def __init__(self, ls: HtamServer) -> None:
+        self.ls = ls
+        self.jobs = JobManager()
+        self.provider: events.Start | None = None  # the last worker's own word
+        self.compile_errors: dict[str, tuple[str, int, str]] = {}  # uri -> (source, line, msg)
 
-def refusal(ls: Any, doc: Document, unit: discovery.Unit) -> str | None:
-    """Why a job on `unit` cannot run here, said before anything starts; else None."""
-    if not ls.settings.allow_execution:
-        return (
-            "nothing was run: executing generated code is not allowed in this workspace. "
-            f"To allow it: {status.how_to_allow(ls)}."
+    def start(self, doc: Document, unit: discovery.Unit, steps: int) -> dict[str, Any]:
+        """Create the job and return its id at once; the work happens in a background task."""
+        running = self.jobs.active(doc.uri)
+        if running is not None:
+            return {"jobId": running.id, "state": running.state, "alreadyRunning": True}
+        job = self.jobs.create(doc.uri, unit.name, steps)
+        why_not = self.refusal(doc, unit)
+        if why_not:
+            job.state, job.message = "refused", why_not
+            self.ls.publish_job(job)
+            return {"jobId": job.id, "state": job.state, "message": why_not}
+        begun = Start(doc.text, _kernel_ranges(doc))
+        job.excluded = tuple(sg.failed_strategies(self.ls.records.history(doc.uri), begun.text))
+        self.ls.publish_job(job)
+        job.task = asyncio.create_task(self.run(job, doc.data, begun, uri_path(doc.uri) or ""))
+        return {"jobId": job.id, "state": job.state}
+
+    def refusal(self, doc: Document, unit: discovery.Unit) -> str | None:
+        """Why a job on `unit` cannot run here, said before anything starts; else None."""
+        if not self.ls.settings.allow_execution:
+            return (
+                "nothing was run: executing generated code is not allowed in this workspace. "
+                f"To allow it: {status.how_to_allow(self.ls)}."
+            )
+        if uri_path(doc.uri) is None:
+            return f"HTAM runs on files on disk; {doc.uri} is not a file: URI"
+        if insight.needs_binding(doc):
+            return (
+                "HTAM: this .cu file is not bound to a reference; apply the quick fix "
+                "'bind to its reference' (or add an htam.toml [[kernel]] entry) first"
+            )
+        if insight.backend(doc) == "cuda" and (
+            self.ls.settings.device == "cpu" or not insight.has_gpu()
+        ):
+            where = (
+                "the device setting is cpu"
+                if self.ls.settings.device == "cpu"
+                else "there is none here (no /dev/nvidiactl, no nvidia-smi)"
+            )
+            return (
+                f"{unit.name} was not started: a CUDA kernel needs an NVIDIA GPU to be verified "
+                f"and timed, and {where}. The code action 'compile-check with nvcc' "
+                f"({status.how_to_check(self.ls)}) checks that it builds."
+            )
+        return None
+
+    def start_check(self, doc: Document, unit: discovery.Unit) -> dict[str, Any]:
+        """A compile check of a CUDA kernel with nvcc (`htam eval` where no GPU runs it)."""
+        job = self.jobs.create(doc.uri, unit.name, 0)
+        why_not = self.check_refusal(doc)
+        if why_not:
+            job.state, job.message = "refused", why_not
+            self.ls.publish_job(job)
+            return {"jobId": job.id, "state": job.state, "message": why_not}
+        self.ls.publish_job(job)
+        job.task = asyncio.create_task(self.check(job, doc.data, uri_path(doc.uri) or ""))
+        return {"jobId": job.id, "state": job.state}
+
+    def check_refusal(self, doc: Document) -> str | None:
+        if not self.ls.settings.allow_execution:
+            how = status.how_to_allow(self.ls)
+            return f"HTAM compiles nothing here until allowed. To allow it: {how}."
+        if uri_path(doc.uri) is None or insight.needs_binding(doc):
+            return "HTAM: a compile check needs a file on disk bound to its reference"
+        if insight.backend(doc) != "cuda" or shutil.which("nvcc") is None:
+            return "HTAM: a compile check is for CUDA kernels, with nvcc on the server's PATH"
+        return None
+
+    async def check(self, job: Job, data: bytes, task_path: str) -> None:
+        """Run the compile check and say how it went (a compile error also as a diagnostic)."""
+        buffer = paths.subdir("lsp-buffers") / f"{job.id}{Path(task_path).suffix}"
+        try:
+            buffer.write_bytes(data)
+            self.ls.publish_job(job)
+            code, out, tail = await self.jobs.output(job, eval_argv(task_path, str(buffer)))
+            job.state, job.message = _checked(self, job, code, out, tail, data)
+        except Exception as error:  # the check fails; the server goes on
+            log.exception("check %s failed", job.id)
+            job.state, job.message = "failed", f"HTAM compile check failed: {error}"
+        finally:
+            buffer.unlink(missing_ok=True)
+        self.ls.publish_job(job)
+        self.ls.schedule_diagnostics(job.uri)
+
+    async def run(self, job: Job, data: bytes, begun: Start, task_path: str) -> None:
+        """Run one `htam optimize` subprocess for `job`, reporting progress and state."""
+        progress = await self._begin_progress(job)
+        buffer = paths.subdir("lsp-buffers") / f"{job.id}{Path(task_path).suffix}"
+        try:
+            buffer.write_bytes(data)  # the unsaved buffer is what the job optimizes
+            argv = optimize_argv(
+                task_path,
+                str(buffer),
+                job.steps,
+                self.ls.settings,
+                seed=len(self.ls.records.history(job.uri)),
+                output=str(paths.subdir("lsp-runs") / job.id),
+                exclude=job.excluded,
+            )
+            job.state = "running"
+            self.ls.publish_job(job)
+            await self.jobs.run(job, argv, functools.partial(self.on_event, begun=begun))
+            if job.state == "done":
+                job.message = self.summary(job)
+            elif job.state == "failed" and job.steps_done == 0:
+                job.message += _excluded_note(job)
+        except Exception as error:  # the job fails; the server goes on
+            log.exception("job %s failed", job.id)
+            job.state, job.message = "failed", f"HTAM job failed: {error}"
+        finally:
+            buffer.unlink(missing_ok=True)
+        if progress:
+            self.ls.work_done_progress.end(job.token, t.WorkDoneProgressEnd(message=job.message))
+        self.ls.publish_job(job)
+        self.ls.refresh_lenses()
+        self.ls.schedule_diagnostics(job.uri)
+
+    def summary(self, job: Job) -> str:
+        """The last word of a finished job: what it found for the current text, with numbers."""
+        doc = self.ls.docs.get(job.uri)
+        history = self.ls.records.history(job.uri)
+        threshold = self.ls.settings.min_speedup
+        offer = sg.offer(history, doc.text if doc else "", threshold)
+        job.suggestions = len(offer.suggestions)
+        stopped = "" if not isinstance(job.last, events.Result) else job.last.stopped
+        tail = "" if stopped in ("", "completed") else f" (stopped: {stopped})"
+        if offer.suggestions:
+            best = offer.suggestions[0].record
+            return f"best {render.gain_text(best)}; apply it from the code actions{tail}"
+        if offer.untimed and not offer.slower:
+            note = offer.untimed[-1].step.verdict.get("note") or "not timed here"
+            return f"nothing to apply: correct, but {note}: no speedup to compare{tail}"
+        closest = render.best_slower(offer.slower)
+        if closest is not None:
+            return (
+                f"nothing to apply: no candidate was surely {format_speedup(threshold)} faster "
+                f"than your code ({render.below_text(closest, threshold)}){tail}"
+            )
+        ran = history[-job.steps_done :] if job.steps_done else []
+        why = "; ".join(f"step {r.step.step} {render.outcome(r.step)}" for r in ran)
+        return f"nothing to apply: no correct candidate ({why or 'no step finished'}){tail}"
+
+    async def _begin_progress(self, job: Job) -> bool:
+        if not get_capability(self.ls.client_capabilities, "window.work_done_progress"):
+            return False
+        try:
+            await asyncio.wait_for(self.ls.work_done_progress.create_async(job.token), 5)
+        except Exception:
+            log.warning("the client did not create progress %s", job.token)
+            return False
+        self.ls.work_done_progress.begin(
+            job.token,
+            t.WorkDoneProgressBegin(
+                title=f"HTAM: {job.kernel}", cancellable=True, message="starting", percentage=0
+            ),
         )
-    if uri_path(doc.uri) is None:
-        return f"HTAM runs on files on disk; {doc.uri} is not a file: URI"
-    if insight.needs_binding(doc):
-        return (
-            "HTAM: this .cu file is not bound to a reference; apply the quick fix "
-            "'bind to its reference' (or add an htam.toml [[kernel]] entry) first"
-        )
-    if insight.backend(doc) == "cuda" and (ls.settings.device == "cpu" or not insight.has_gpu()):
-        where = (
-            "the device setting is cpu"
-            if ls.settings.device == "cpu"
-            else "there is none here (no /dev/nvidiactl, no nvidia-smi)"
-        )
-        return (
-            f"{unit.name} was not started: a CUDA kernel needs an NVIDIA GPU to be verified "
-            f"and timed, and {where}. The code action 'compile-check with nvcc' "
-            f"({status.how_to_check(ls)}) checks that it builds."
-        )
-    return None
+        return True
+
+    def on_event(self, job: Job, event: events.Event, *, begun: Start) -> None:
+        """One event of the worker: update the job, the records and the client."""
+        try:
+            if isinstance(event, events.Start):
+                self.provider = event
+            elif isinstance(event, events.Phase):
+                self._on_phase(job, event)
+            elif isinstance(event, events.Step):
+                self._on_step(job, event, begun)
+            elif isinstance(event, events.Result):
+                job.best_speedup, job.ref_speedup = event.best_speedup, event.ref_speedup
+                self._on_result(job, event)
+        except Exception:  # a bad event must not end the job's reading
+            log.exception("job %s: could not handle a %s event", job.id, event.kind)
+        if not isinstance(event, events.Result | events.Failed):
+            self.ls.publish_job(job)  # the final state follows when the process has ended
+
+    def _on_phase(self, job: Job, event: events.Phase) -> None:
+        job.step, job.phase = event.step, event.phase
+        move = f"{event.global_id} -> {event.local_id}".strip(" ->")
+        where = f"step {job.step}/{job.steps}" if job.step else "measuring the starting code"
+        job.message = f"{where}: {job.phase} {move}".strip()
+        if job.token in self.ls.work_done_progress.tokens:
+            done = PHASES.index(job.phase) if job.phase in PHASES else 0
+            percentage = int(100 * (max(job.step - 1, 0) + done / len(PHASES)) / job.steps)
+            self.ls.work_done_progress.report(
+                job.token, t.WorkDoneProgressReport(message=job.message, percentage=percentage)
+            )
+
+    def _on_result(self, job: Job, result: events.Result) -> None:
+        """The run's interval: each of its timed steps gets its 95 % bounds over the start."""
+        mine = [r for r in self.ls.records.history(job.uri) if r.n in job.records]
+        bounds = sg.run_bounds(result, mine)
+        if bounds:
+            self.ls.records.bound(job.uri, bounds)
+            self.ls.refresh_lenses()
+
+    def _on_step(self, job: Job, step: events.Step, begun: Start) -> None:
+        anchor = sg.anchor(begun.text, step.source, begun.kernels) if step.correct else None
+        self.ls.records.add(job.uri, step, anchor, begun.hash)
+        job.records.append(self.ls.records.history(job.uri)[-1].n)
+        line = step.error.get("line")
+        if not step.compiled and isinstance(line, int):
+            self.compile_errors[job.uri] = (step.source, line, str(step.error.get("message", "")))
+        elif step.compiled:
+            self.compile_errors.pop(job.uri, None)
+        self.ls.forget_graphs()
+        self.ls.refresh_lenses()
+        self.ls.schedule_diagnostics(job.uri)
 
 
-def start_check(ls: Any, doc: Document, unit: discovery.Unit) -> dict[str, Any]:
-    """A compile check of a CUDA kernel with nvcc (`htam eval` where no GPU runs it)."""
-    job = ls.jobs.create(doc.uri, unit.name, 0)
-    why_not = check_refusal(ls, doc)
-    if why_not:
-        job.state, job.message = "refused", why_not
-        ls.publish_job(job)
-        return {"jobId": job.id, "state": job.state, "message": why_not}
-    ls.publish_job(job)
-    job.task = asyncio.create_task(check(ls, job, doc.data, uri_path(doc.uri) or ""))
-    return {"jobId": job.id, "state": job.state}
-
-
-def check_refusal(ls: Any, doc: Document) -> str | None:
-    if not ls.settings.allow_execution:
-        return f"HTAM compiles nothing here until allowed. To allow it: {status.how_to_allow(ls)}."
-    if uri_path(doc.uri) is None or insight.needs_binding(doc):
-        return "HTAM: a compile check needs a file on disk bound to its reference"
-    if insight.backend(doc) != "cuda" or shutil.which("nvcc") is None:
-        return "HTAM: a compile check is for CUDA kernels, with nvcc on the server's PATH"
-    return None
-
-
-async def check(ls: Any, job: Job, data: bytes, task_path: str) -> None:
-    """Run the compile check and say how it went (a compile error also as a diagnostic)."""
-    buffer = paths.subdir("lsp-buffers") / f"{job.id}{Path(task_path).suffix}"
-    try:
-        buffer.write_bytes(data)
-        ls.publish_job(job)
-        code, out, tail = await ls.jobs.output(job, eval_argv(task_path, str(buffer)))
-        job.state, job.message = _checked(ls, job, code, out, tail, data)
-    except Exception as error:  # the check fails; the server goes on
-        log.exception("check %s failed", job.id)
-        job.state, job.message = "failed", f"HTAM compile check failed: {error}"
-    finally:
-        buffer.unlink(missing_ok=True)
-    ls.publish_job(job)
-    ls.schedule_diagnostics(job.uri)
-
-
-def _checked(ls: Any, job: Job, code: int, out: bytes, tail: str, data: bytes) -> tuple[str, str]:
+def _checked(
+    runs: Runs, job: Job, code: int, out: bytes, tail: str, data: bytes
+) -> tuple[str, str]:
     if job.cancel_requested:
         return "cancelled", "cancelled; the compile check was stopped"
     try:
@@ -141,12 +280,12 @@ def _checked(ls: Any, job: Job, code: int, out: bytes, tail: str, data: bytes) -
         )
     error = verdict.get("error") or {}
     if verdict.get("compiled"):
-        ls.compile_errors.pop(job.uri, None)
+        runs.compile_errors.pop(job.uri, None)
         return "done", f"it compiles: {error.get('message') or 'no error'}"
     line = error.get("line")
     if isinstance(line, int):
         source = data.decode("utf-8", "replace")
-        ls.compile_errors[job.uri] = (source, line, str(error.get("message", "")))
+        runs.compile_errors[job.uri] = (source, line, str(error.get("message", "")))
     said = str(error.get("message") or "the compile check failed").strip().splitlines()
     return "failed", f"{error.get('kind', 'compile_error')}: {': '.join(said[:2])}"
 
@@ -161,66 +300,6 @@ def _kernel_ranges(doc: Document) -> list[tuple[int, int]]:
     return [(chars(u.start_byte), chars(u.end_byte)) for u in discovery.units(doc)]
 
 
-async def run(ls: Any, job: Job, data: bytes, begun: Start, task_path: str) -> None:
-    """Run one `htam optimize` subprocess for `job`, reporting progress and state."""
-    progress = await _begin_progress(ls, job)
-    buffer = paths.subdir("lsp-buffers") / f"{job.id}{Path(task_path).suffix}"
-    try:
-        buffer.write_bytes(data)  # the unsaved buffer is what the job optimizes
-        argv = optimize_argv(
-            task_path,
-            str(buffer),
-            job.steps,
-            ls.settings,
-            seed=len(ls.records.history(job.uri)),
-            output=str(paths.subdir("lsp-runs") / job.id),
-            exclude=job.excluded,
-        )
-        job.state = "running"
-        ls.publish_job(job)
-        await ls.jobs.run(job, argv, functools.partial(on_event, ls, begun=begun))
-        if job.state == "done":
-            job.message = summary(ls, job)
-        elif job.state == "failed" and job.steps_done == 0:
-            job.message += _excluded_note(job)
-    except Exception as error:  # the job fails; the server goes on
-        log.exception("job %s failed", job.id)
-        job.state, job.message = "failed", f"HTAM job failed: {error}"
-    finally:
-        buffer.unlink(missing_ok=True)
-    if progress:
-        ls.work_done_progress.end(job.token, t.WorkDoneProgressEnd(message=job.message))
-    ls.publish_job(job)
-    ls.refresh_lenses()
-    ls.schedule_diagnostics(job.uri)
-
-
-def summary(ls: Any, job: Job) -> str:
-    """The last word of a finished job: what it found for the current text, with numbers."""
-    doc = ls.docs.get(job.uri)
-    history = ls.records.history(job.uri)
-    threshold = ls.settings.min_speedup
-    offer = sg.offer(history, doc.text if doc else "", threshold)
-    job.suggestions = len(offer.suggestions)
-    stopped = "" if not isinstance(job.last, events.Result) else job.last.stopped
-    tail = "" if stopped in ("", "completed") else f" (stopped: {stopped})"
-    if offer.suggestions:
-        best = offer.suggestions[0].record
-        return f"best {render.gain_text(best)}; apply it from the code actions{tail}"
-    if offer.untimed and not offer.slower:
-        note = offer.untimed[-1].step.verdict.get("note") or "not timed here"
-        return f"nothing to apply: correct, but {note}: no speedup to compare{tail}"
-    closest = render.best_slower(offer.slower)
-    if closest is not None:
-        return (
-            f"nothing to apply: no candidate was surely {format_speedup(threshold)} faster "
-            f"than your code ({render.below_text(closest, threshold)}){tail}"
-        )
-    ran = history[-job.steps_done :] if job.steps_done else []
-    why = "; ".join(f"step {r.step.step} {render.outcome(r.step)}" for r in ran)
-    return f"nothing to apply: no correct candidate ({why or 'no step finished'}){tail}"
-
-
 def _excluded_note(job: Job) -> str:
     """Said when a job ends without a step: which strategies it did not retry."""
     if not job.excluded:
@@ -229,74 +308,3 @@ def _excluded_note(job: Job) -> str:
         f"; not retried, as they failed on this code in earlier jobs: {', '.join(job.excluded)} "
         "(edit the kernel to try them again)"
     )
-
-
-async def _begin_progress(ls: Any, job: Job) -> bool:
-    if not ls.caps("window.work_done_progress"):
-        return False
-    try:
-        await asyncio.wait_for(ls.work_done_progress.create_async(job.token), 5)
-    except Exception:
-        log.warning("the client did not create progress %s", job.token)
-        return False
-    ls.work_done_progress.begin(
-        job.token,
-        t.WorkDoneProgressBegin(
-            title=f"HTAM: {job.kernel}", cancellable=True, message="starting", percentage=0
-        ),
-    )
-    return True
-
-
-def on_event(ls: Any, job: Job, event: events.Event, *, begun: Start) -> None:
-    """One event of the worker: update the job, the records and the client."""
-    try:
-        if isinstance(event, events.Start):
-            ls.provider = event
-        elif isinstance(event, events.Phase):
-            _on_phase(ls, job, event)
-        elif isinstance(event, events.Step):
-            _on_step(ls, job, event, begun)
-        elif isinstance(event, events.Result):
-            job.best_speedup, job.ref_speedup = event.best_speedup, event.ref_speedup
-            _on_result(ls, job, event)
-    except Exception:  # a bad event must not end the job's reading
-        log.exception("job %s: could not handle a %s event", job.id, event.kind)
-    if not isinstance(event, events.Result | events.Failed):
-        ls.publish_job(job)  # the final state follows when the process has ended
-
-
-def _on_phase(ls: Any, job: Job, event: events.Phase) -> None:
-    job.step, job.phase = event.step, event.phase
-    move = f"{event.global_id} -> {event.local_id}".strip(" ->")
-    where = f"step {job.step}/{job.steps}" if job.step else "measuring the starting code"
-    job.message = f"{where}: {job.phase} {move}".strip()
-    if job.token in ls.work_done_progress.tokens:
-        done = PHASES.index(job.phase) if job.phase in PHASES else 0
-        percentage = int(100 * (max(job.step - 1, 0) + done / len(PHASES)) / job.steps)
-        ls.work_done_progress.report(
-            job.token, t.WorkDoneProgressReport(message=job.message, percentage=percentage)
-        )
-
-
-def _on_result(ls: Any, job: Job, result: events.Result) -> None:
-    """The run's interval: each of its timed steps gets its 95 % bounds over the start."""
-    mine = [r for r in ls.records.history(job.uri) if r.n in job.records]
-    bounds = sg.run_bounds(result, mine)
-    if bounds:
-        ls.records.bound(job.uri, bounds)
-        ls.refresh_lenses()
-
-
-def _on_step(ls: Any, job: Job, step: events.Step, begun: Start) -> None:
-    anchor = sg.anchor(begun.text, step.source, begun.kernels) if step.correct else None
-    ls.records.add(job.uri, step, anchor, begun.hash)
-    job.records.append(ls.records.history(job.uri)[-1].n)
-    line = step.error.get("line")
-    if not step.compiled and isinstance(line, int):
-        ls.compile_errors[job.uri] = (step.source, line, str(step.error.get("message", "")))
-    elif step.compiled:
-        ls.compile_errors.pop(job.uri, None)
-    ls.forget_graphs()
-    ls.refresh_lenses()
-    ls.schedule_diagnostics(job.uri)

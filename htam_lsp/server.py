@@ -20,9 +20,10 @@ import logging  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, TypeVar  # noqa: E402
+from typing import TYPE_CHECKING, Any, TypeVar  # noqa: E402
 
 from lsprotocol import types as t  # noqa: E402
+from pygls.capabilities import get_capability  # noqa: E402
 from pygls.exceptions import (  # noqa: E402
     JsonRpcContentModified,
     JsonRpcException,
@@ -30,15 +31,30 @@ from pygls.exceptions import (  # noqa: E402
 )
 from pygls.lsp.server import LanguageServer  # noqa: E402
 
-from htam_engine import __version__, events  # noqa: E402
-from htam_engine.vocabulary import BACKENDS  # noqa: E402
-from htam_lsp import actions, discovery, insight, runs, status  # noqa: E402
+from htam_engine import __version__  # noqa: E402
+from htam_engine.vocabulary import BACKENDS, MAX_STEPS, MIN_STEPS  # noqa: E402
+from htam_lsp import (  # noqa: E402
+    code_actions,
+    diagnostics,
+    discovery,
+    insight,
+    lenses,
+    memory_view,
+    rationale,
+    results_view,
+    status,
+    symbols,
+)
 from htam_lsp import suggestions as sg  # noqa: E402
 from htam_lsp.documents import Document, DocumentStore  # noqa: E402
-from htam_lsp.jobs import Job, JobManager  # noqa: E402
+from htam_lsp.jobs import Job  # noqa: E402
 from htam_lsp.positions import UTF16  # noqa: E402
 from htam_lsp.protocol import HtamProtocol, Prerendered  # noqa: E402
+from htam_lsp.runs import Runs  # noqa: E402
 from htam_lsp.settings import Settings  # noqa: E402
+
+if TYPE_CHECKING:
+    from htam_engine.memory.model import Graph
 
 log = logging.getLogger("htam_lsp")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -96,14 +112,12 @@ class HtamServer(LanguageServer):
         )
         self.docs = DocumentStore()
         self.settings = Settings()
-        self.jobs = JobManager()
         self.records = sg.SuggestionStore(home)
-        self.provider: events.Start | None = None  # the last worker's own word
+        self.runs = Runs(self)  # jobs: their manager, events, and the errors they left
         self.problems: dict[str, list[str]] = {}  # ignored settings, by where they came from
         self.client_name = ""  # clientInfo.name: advice in the client's own terms
         self.focus = ""  # the document the user worked in last (for commands without one)
-        self.compile_errors: dict[str, tuple[str, int, str]] = {}  # uri -> (source, line, msg)
-        self._graphs: dict[str, Any] = {}
+        self._graphs: dict[str, Graph] = {}
         self._diagnostic_timers: dict[str, asyncio.TimerHandle] = {}
 
     def report_server_error(self, error: Exception, source: Any) -> None:
@@ -140,7 +154,7 @@ class HtamServer(LanguageServer):
 
     # --- memory --------------------------------------------------------------------------
 
-    def graph(self, backend: str) -> Any:
+    def graph(self, backend: str) -> Graph:
         """The learned HTG of a backend, cached until a step changes it."""
         if backend not in self._graphs:
             self._graphs[backend] = self.records.store.graph(backend)
@@ -151,14 +165,12 @@ class HtamServer(LanguageServer):
 
     # --- client capabilities -------------------------------------------------------------
 
-    def caps(self, path: str, default: Any = None) -> Any:
-        """A client capability by dotted attribute path, e.g. "window.work_done_progress"."""
-        value: Any = getattr(self.protocol, "client_capabilities", None)
-        for part in path.split("."):
-            value = getattr(value, part, None)
-            if value is None:
-                return default
-        return value
+    @property
+    def client_capabilities(self) -> t.ClientCapabilities:
+        """What the client said it supports (nothing before `initialize`); read a part with
+        pygls's `get_capability(ls.client_capabilities, "window.work_done_progress")`."""
+        said: t.ClientCapabilities | None = getattr(self.protocol, "client_capabilities", None)
+        return said if said is not None else t.ClientCapabilities()
 
     def show(self, message: str, kind: t.MessageType = t.MessageType.Info) -> None:
         self.window_show_message(t.ShowMessageParams(type=kind, message=message))
@@ -171,7 +183,7 @@ class HtamServer(LanguageServer):
         self.protocol.notify(JOB_STATE, job.payload())
 
     def refresh_lenses(self) -> None:
-        if self.caps("workspace.code_lens.refresh_support"):
+        if get_capability(self.client_capabilities, "workspace.code_lens.refresh_support"):
             self.protocol.send_request(t.WORKSPACE_CODE_LENS_REFRESH, None)
 
     # --- diagnostics ---------------------------------------------------------------------
@@ -191,7 +203,7 @@ class HtamServer(LanguageServer):
         doc = self.docs.get(uri)
         if doc is None:
             return
-        found = actions.diagnostics(self, doc)
+        found = diagnostics.diagnostics(self, doc)
         self.text_document_publish_diagnostics(
             t.PublishDiagnosticsParams(uri=uri, version=doc.version, diagnostics=found)
         )
@@ -239,7 +251,7 @@ async def did_change_configuration(ls: HtamServer, params: t.DidChangeConfigurat
 
 
 async def pull_configuration(ls: HtamServer) -> None:
-    if not ls.caps("workspace.configuration"):
+    if not get_capability(ls.client_capabilities, "workspace.configuration"):
         return
     result = await ls.workspace_configuration_async(
         t.ConfigurationParams(items=[t.ConfigurationItem(section="htam")])
@@ -310,14 +322,14 @@ def did_close(ls: HtamServer, params: t.DidCloseTextDocumentParams) -> None:
 def document_symbol(ls: HtamServer, params: t.DocumentSymbolParams) -> Prerendered:
     """DocumentSymbol[] as pre-serialized JSON (see htam_lsp.protocol)."""
     doc = ls.docs.get(params.text_document.uri)
-    return actions.symbols(ls, doc) if doc is not None else Prerendered([])
+    return symbols.symbols(ls, doc) if doc is not None else Prerendered([])
 
 
 @server.feature(t.TEXT_DOCUMENT_CODE_LENS)
 @guarded(default=[])
 def code_lens(ls: HtamServer, params: t.CodeLensParams) -> list[t.CodeLens]:
     doc = ls.docs.get(params.text_document.uri)
-    return actions.lenses(ls, doc) if doc is not None else []
+    return lenses.lenses(ls, doc) if doc is not None else []
 
 
 @server.feature(t.TEXT_DOCUMENT_HOVER)
@@ -330,7 +342,7 @@ def hover(ls: HtamServer, params: t.HoverParams) -> t.Hover | None:
     unit = discovery.kernel_around(doc, ls.offset(doc, params.position))
     if unit is None:
         return None
-    markdown = actions.explain(ls, doc, unit)
+    markdown = rationale.explain(ls, doc, unit)
     return t.Hover(
         contents=t.MarkupContent(kind=t.MarkupKind.Markdown, value=markdown),
         range=ls.lsp_range(doc, unit.name_start, unit.name_end),
@@ -340,7 +352,7 @@ def hover(ls: HtamServer, params: t.HoverParams) -> t.Hover | None:
 @server.feature(
     t.TEXT_DOCUMENT_CODE_ACTION,
     t.CodeActionOptions(
-        code_action_kinds=[t.CodeActionKind.QuickFix, actions.ACTION_KIND],
+        code_action_kinds=[t.CodeActionKind.QuickFix, code_actions.ACTION_KIND],
         resolve_provider=True,
     ),
 )
@@ -351,7 +363,7 @@ def code_action(ls: HtamServer, params: t.CodeActionParams) -> list[t.CodeAction
         return []
     ls.focus = doc.uri
     start = ls.offset(doc, params.range.start)
-    found = actions.code_actions(ls, doc, start)
+    found = code_actions.code_actions(ls, doc, start)
     only = params.context.only
     if only:
         found = [a for a in found if any(_kind_matches(a.kind, k) for k in only)]
@@ -370,7 +382,7 @@ def code_action_resolve(ls: HtamServer, action: t.CodeAction) -> t.CodeAction:
     data = action.data if isinstance(action.data, dict) else {}
     doc = ls.document(data.get("uri"))
     try:
-        action.edit = actions.suggestion_edit(ls, doc, data)
+        action.edit = code_actions.suggestion_edit(ls, doc, data)
     except ValueError as error:
         ls.show(str(error), t.MessageType.Warning)
         raise JsonRpcContentModified(str(error)) from None
@@ -400,7 +412,7 @@ def _position(arg: dict[str, Any]) -> t.Position | None:
 
 def start_job(ls: HtamServer, arg: dict[str, Any], steps: int) -> dict[str, Any]:
     doc = ls.document(arg.get("uri"))
-    return runs.start(ls, doc, _unit(ls, doc, _position(arg)), steps)
+    return ls.runs.start(doc, _unit(ls, doc, _position(arg)), steps)
 
 
 @server.command("htam.nextStep")
@@ -414,8 +426,10 @@ async def next_step(ls: HtamServer, *args: Any) -> dict[str, Any]:
 async def optimize(ls: HtamServer, *args: Any) -> dict[str, Any]:
     arg = _argument(args)
     steps = arg.get("steps", ls.settings.steps)
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 100:
-        raise JsonRpcInvalidParams("HTAM: steps must be an integer from 1 to 100")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not MIN_STEPS <= steps <= MAX_STEPS:
+        raise JsonRpcInvalidParams(
+            f"HTAM: steps must be an integer from {MIN_STEPS} to {MAX_STEPS}"
+        )
     return start_job(ls, arg, steps)
 
 
@@ -425,14 +439,14 @@ async def compile_check(ls: HtamServer, *args: Any) -> dict[str, Any]:
     """Compile a CUDA kernel with nvcc where no GPU can run it: a job, like a step."""
     arg = _argument(args)
     doc = ls.document(arg.get("uri"))
-    return runs.start_check(ls, doc, _unit(ls, doc, _position(arg)))
+    return ls.runs.start_check(doc, _unit(ls, doc, _position(arg)))
 
 
 @server.command("htam.cancel")
 @guarded()
 async def cancel(ls: HtamServer, *args: Any) -> dict[str, Any]:
     job_id = _argument(args).get("jobId")
-    return {"cancelled": [j.id for j in ls.jobs.cancel(job_id)]}
+    return {"cancelled": [j.id for j in ls.runs.jobs.cancel(job_id)]}
 
 
 @server.command("htam.status")
@@ -449,7 +463,7 @@ async def explain(ls: HtamServer, *args: Any) -> dict[str, Any]:
     arg = _argument(args)
     doc = ls.document(arg.get("uri"))
     unit = _unit(ls, doc, _position(arg))
-    return {"markdown": actions.explain(ls, doc, unit)}
+    return {"markdown": rationale.explain(ls, doc, unit)}
 
 
 @server.command("htam.results")
@@ -458,7 +472,7 @@ async def results(ls: HtamServer, *args: Any) -> dict[str, Any]:
     """The kernel's trajectory, its offered suggestions and the last run's plot."""
     arg = _argument(args)
     doc = ls.document(arg.get("uri"))
-    return actions.results(ls, doc, _unit(ls, doc, _position(arg)))
+    return results_view.results(ls, doc, _unit(ls, doc, _position(arg)))
 
 
 @server.command("htam.showMemory")
@@ -472,7 +486,7 @@ async def show_memory(ls: HtamServer, *args: Any) -> dict[str, Any]:
     backend = arg.get("backend", default)
     if backend not in BACKENDS:
         raise JsonRpcInvalidParams(f"HTAM: backend must be one of {', '.join(BACKENDS)}")
-    return actions.memory_summary(ls.graph(backend))
+    return memory_view.memory_summary(ls.graph(backend))
 
 
 def _unit(ls: HtamServer, doc: Document, position: t.Position | None) -> discovery.Unit:
@@ -488,15 +502,15 @@ def _unit(ls: HtamServer, doc: Document, position: t.Position | None) -> discove
 @server.feature(t.WINDOW_WORK_DONE_PROGRESS_CANCEL)
 @guarded()
 def progress_cancel(ls: HtamServer, params: t.WorkDoneProgressCancelParams) -> None:
-    job = ls.jobs.by_token(params.token)
+    job = ls.runs.jobs.by_token(params.token)
     if job is not None and not job.finished:
-        ls.jobs.stop(job)
+        ls.runs.jobs.stop(job)
 
 
 @server.feature(t.SHUTDOWN)
 @guarded()
 def shutdown(ls: HtamServer, params: Any) -> None:
-    ls.jobs.cancel()
+    ls.runs.jobs.cancel()
 
 
 gc.freeze()

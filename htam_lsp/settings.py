@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
+from htam_engine.vocabulary import MAX_STEPS, MIN_STEPS, PROVIDERS
+
 DEVICES = ("auto", "cuda", "cpu")
-MAX_STEPS = 100
 CLIENT_KEYS = ("interpreter", "progress")  # settings of the editor extensions themselves
 MIN_SPEEDUP = 1.10  # an apply action only for a candidate at least this much faster
 
@@ -71,8 +71,12 @@ def _apply(key: str, value: Any, changes: dict[str, Any], may_allow: bool) -> st
             return f"htam.{key}: expected a string"
         changes["base_url" if key == "baseUrl" else key] = value or None
     elif key == "steps":
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_STEPS:
-            return f"htam.steps: expected an integer from 1 to {MAX_STEPS}"
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not MIN_STEPS <= value <= MAX_STEPS
+        ):
+            return f"htam.steps: expected an integer from {MIN_STEPS} to {MAX_STEPS}"
         changes["steps"] = value
     elif key == "minSpeedup":
         if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 100:

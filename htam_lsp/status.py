@@ -11,10 +11,14 @@ import asyncio
 import logging
 import shutil
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from htam_engine import __version__
-from htam_lsp import actions, insight
+from htam_lsp import insight
+from htam_lsp.llm_provider import provider
+
+if TYPE_CHECKING:
+    from htam_lsp.server import HtamServer
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +28,9 @@ SANDBOX_PROBE = "from htam_engine.evaluate.sandbox import sandbox_mode; print(sa
 _probed: dict[str, str | None] = {}
 
 
-async def report(ls: Any) -> dict[str, Any]:
+async def report(ls: HtamServer) -> dict[str, Any]:
     """The `htam.status` answer (docs/ARCHITECTURE.md, "Server protocol")."""
-    name, why = actions.provider(ls)
+    name, why = provider(ls)
     gpu = insight.has_gpu()
     return {
         "version": __version__,
@@ -49,7 +53,7 @@ def _device(setting: str, gpu: bool) -> dict[str, str]:
     return {"name": "cpu", "why": "auto: no NVIDIA GPU here; CUDA kernels cannot run"}
 
 
-def client_kind(ls: Any) -> str:
+def client_kind(ls: HtamServer) -> str:
     """ "neovim", "vscode" or "other", from the client's `clientInfo.name`."""
     name = (getattr(ls, "client_name", "") or "").lower()
     if "neovim" in name or "nvim" in name:
@@ -57,7 +61,7 @@ def client_kind(ls: Any) -> str:
     return "vscode" if "code" in name else "other"
 
 
-def how_to_allow(ls: Any) -> str:
+def how_to_allow(ls: HtamServer) -> str:
     """How the user of this client allows execution, in the client's own terms."""
     return {
         "neovim": "require('htam').setup({ allow_execution = true })",
@@ -65,7 +69,7 @@ def how_to_allow(ls: Any) -> str:
     }.get(client_kind(ls), "start htam-lsp with initializationOptions { allowExecution: true }")
 
 
-def how_to_check(ls: Any) -> str:
+def how_to_check(ls: HtamServer) -> str:
     """How the user of this client runs the nvcc compile check."""
     return {
         "neovim": ":HtamCheck",

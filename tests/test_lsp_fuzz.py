@@ -160,6 +160,6 @@ def test_document_handlers_never_raise(data: st.DataObject, encoding: str, htam_
             elif kind == "hover":
                 assert result is None or isinstance(result.contents, t.MarkupContent)
         for doc in ls.docs:
-            srv.actions.diagnostics(ls, doc)  # what publishDiagnostics would send
+            srv.diagnostics.diagnostics(ls, doc)  # what publishDiagnostics would send
 
     asyncio.run(run())

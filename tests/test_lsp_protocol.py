@@ -9,7 +9,7 @@ from typing import Any
 from lsprotocol import types as t
 from pygls.io_ import StdoutWriter
 
-from htam_lsp import actions
+from htam_lsp import symbols as lsp_symbols
 from htam_lsp.protocol import HtamProtocol, Prerendered
 from htam_lsp.server import HtamServer
 
@@ -64,8 +64,8 @@ def test_symbols_json_matches_lsprotocol_document_symbols():
     """The hand-built dicts structure into DocumentSymbol and back to the same JSON."""
     server = HtamServer()
     doc = server.docs.open("file:///w/k.cu", "cuda", 1, CUDA)
-    symbols = actions.symbols(server, doc)
-    assert actions.symbols(server, doc) is symbols  # built once per version
+    symbols = lsp_symbols.symbols(server, doc)
+    assert lsp_symbols.symbols(server, doc) is symbols  # built once per version
     converter = server.protocol._converter
     typed = converter.structure(json.loads(symbols.json), list[t.DocumentSymbol])
     assert [s.name for s in typed] == ["scale", "launch"]
@@ -73,5 +73,5 @@ def test_symbols_json_matches_lsprotocol_document_symbols():
     assert typed[0].selection_range.start == t.Position(0, 16)
     assert converter.unstructure(typed) == list(symbols)
     doc.edit((0, 0), (0, 0), "\n", "utf-16")
-    moved = actions.symbols(server, doc)
+    moved = lsp_symbols.symbols(server, doc)
     assert moved is not symbols and moved[0]["range"]["start"]["line"] == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,8 +11,9 @@ from hypothesis import strategies as st
 from htam_engine import events
 from htam_lsp import render
 from htam_lsp import suggestions as sg
-from htam_lsp.actions import _minimal_change, map_line
+from htam_lsp.diagnostics import map_line
 from htam_lsp.jobs import Job, ending
+from htam_lsp.offers import minimal_change
 from htam_lsp.positions import UTF8, UTF16, UTF32, LineIndex, encode
 from htam_lsp.settings import Settings
 
@@ -58,7 +60,7 @@ def test_line_index_agrees_with_splitlines_and_round_trips(text: str):
 @given(st.text(max_size=60), st.text(max_size=60))
 def test_minimal_change_rebuilds_the_new_text(old: str, new: str):
     a, b = encode(old), encode(new)
-    start, end, replacement = _minimal_change(a, b)
+    start, end, replacement = minimal_change(a, b)
     assert a[:start] + replacement + a[end:] == b
     # Never splits a UTF-8 sequence: both ends decode cleanly.
     a[:start].decode("utf-8", "surrogatepass")
@@ -155,7 +157,7 @@ def test_a_job_ends_with_the_engines_own_word():
 
 def test_titles_label_non_portable_edits_first_and_say_only_what_the_name_does_not():
     from htam_lsp import render
-    from htam_lsp.actions import _said
+    from htam_lsp.offers import _said
 
     old, new = 'cflags=["-O2"]', 'cflags=["-O3", "-march=native"]'
     record = sg.StepRecord(1, _step(1.5, ""), 0.0, sg.Anchor(old, new))
@@ -220,3 +222,43 @@ def test_stop_asks_with_sigterm_then_kills_what_ignores_it():
     assert job.state == "cancelled" and took < 0.5  # SIGTERM was enough
     job, took = asyncio.run(run(stubborn))
     assert job.state == "cancelled" and 0.5 <= took < 5  # killed after the grace period
+
+
+def test_the_hover_preview_follows_a_changed_memory(tmp_path: Path):
+    """The preview is cached per document version *and* graph revision: an outcome the
+    memory learned (a step, another process) gives a new preview, not the cached one."""
+    from htam_engine.memory import MemoryStore
+    from htam_engine.memory.model import START, Outcome
+    from htam_lsp import discovery, insight
+    from htam_lsp.documents import Document
+
+    path = Path(__file__).parent / "fixtures/lsp/cuda/scale_bound.cu"
+    doc = Document(path.as_uri(), "cuda-cpp", 1, path.read_bytes())
+    unit = next(u for u in discovery.units(doc) if u.name == "scale")
+    with MemoryStore(tmp_path) as store:
+        before = store.graph("cuda")
+        first = insight.preview(doc, unit, before)
+        assert insight.preview(doc, unit, store.graph("cuda")) is first  # same content
+        chosen = first[1]["chosen"]
+        local = before.locals_of(chosen)[0].id
+        store.apply_outcome(
+            Outcome(
+                "cuda",
+                "cuda:elementwise:scale",
+                [START],
+                [1.0],
+                chosen,
+                local,
+                "incorrect",
+                True,
+                False,
+                None,
+                None,
+                -1.0,
+                "",
+            )  # fmt: skip
+        )
+        after = store.graph("cuda")
+        assert after.revision != before.revision
+        second = insight.preview(doc, unit, after)
+    assert second is not first and second[1] != first[1]

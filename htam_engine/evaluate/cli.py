@@ -7,11 +7,11 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
 from htam_engine.errors import UserError
 from htam_engine.task import SCALED_SIZES, Task, guess_backend, load_task, parse_directive
 from htam_engine.task import with_policy as _with_policy
+from htam_engine.vocabulary import kind_of
 
 ALLOW_TORCH_HELP = (
     "aten ops (mm, addmm, relu, ...) or groups (gemm, conv) that torch may compute "
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _with_candidate(task: Task, path: Path, source: str) -> Task:
     """`task` with `path` as the implementation (its own directive may name the entry)."""
-    kind: Literal["py", "cu"] = "cu" if path.suffix in (".cu", ".cuh") else "py"
+    kind = kind_of(path)
     entry = parse_directive(source).get("entry") or task.entry
     return replace(
         task,

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-PROVIDERS = ("auto", "anthropic", "openai", "replay", "offline")
+from htam_engine.vocabulary import PROVIDERS as PROVIDERS
+
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-4o-mini"}
 
 

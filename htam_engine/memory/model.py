@@ -8,6 +8,8 @@ share one update rule.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -313,6 +315,10 @@ class Graph:
     locals: dict[str, LocalNode]
     edges: dict[tuple[str, str], Edge]
     seed_version: str = ""
+    # Names what the graph holds: the learned rows it was loaded with (MemoryStore.graph)
+    # and each outcome applied since; results computed from a graph (the hover's preview)
+    # are cached under it. Not part of equality: equal contents make equal graphs.
+    revision: str = field(default="", compare=False)
 
     def locals_of(self, global_id: str) -> list[LocalNode]:
         return [node for node in self.locals.values() if node.parent == global_id]
@@ -352,6 +358,15 @@ class Graph:
         local.record(outcome.evidence())
         for src, alpha in zip(outcome.prefix, outcome.alphas, strict=True):
             outcome.update_stats(self.edge(src, outcome.global_id).stats, alpha)
+        self.revision = revision_of(self.revision, json.dumps(outcome.to_json(), sort_keys=True))
+
+
+def revision_of(*parts: str) -> str:
+    """A short digest naming a graph's content (see `Graph.revision`)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    return digest.hexdigest()
 
 
 # --- seed -----------------------------------------------------------------------------

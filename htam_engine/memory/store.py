@@ -40,6 +40,7 @@ from htam_engine.memory.model import (
     Outcome,
     Stats,
     load_seed,
+    revision_of,
     seed_version,
 )
 
@@ -302,6 +303,7 @@ class MemoryStore:
         rows = self._query("SELECT kind, id, value FROM learned WHERE backend = ?", (backend,))
         for kind, key, value in rows:
             _overlay(graph, kind, key, _decode(value, f"{backend} {kind} {key}"))
+        graph.revision = revision_of(graph.seed_version, *sorted(map(repr, rows)))
         return graph
 
     def apply_outcome(self, outcome: Outcome) -> None:

@@ -231,8 +231,11 @@ H.run({
       local from = #H.messages
       local last = require('htam.jobs').last
       vim.cmd('HtamOptimize many')
-      local msg = H.wait_message('expects a positive number of steps', from)
+      local msg = H.wait_message('expects a whole number of steps from 1 to 100', from)
       H.eq(vim.log.levels.ERROR, msg.level, 'an error')
+      from = #H.messages
+      vim.cmd('HtamOptimize 101')
+      H.wait_message('got "101"', from)
       H.eq(last, require('htam.jobs').last, 'no job started')
     end,
   },

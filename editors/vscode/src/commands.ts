@@ -1,5 +1,7 @@
 /** Arguments for the server's commands when the user runs them from the palette (no `vscode`). */
 
+import { MAX_STEPS, MIN_STEPS } from "./vocabulary";
+
 /** Server commands: vscode-languageclient registers these ids itself. */
 export const SERVER_COMMANDS = [
   "htam.nextStep",
@@ -74,7 +76,9 @@ export function stepsInputError(value: string): string | undefined {
     return "Enter a whole number of steps, for example 6.";
   }
   const steps = Number(trimmed);
-  return steps >= 1 && steps <= 100 ? undefined : "Choose between 1 and 100 steps.";
+  return steps >= MIN_STEPS && steps <= MAX_STEPS
+    ? undefined
+    : `Choose between ${MIN_STEPS} and ${MAX_STEPS} steps.`;
 }
 
 /** What to tell the user when a step was asked for a kernel that is already being optimized. */

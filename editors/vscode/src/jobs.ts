@@ -1,6 +1,7 @@
 /** `htam/jobState` notifications -> status bar text and progress (no `vscode` import). */
 
-export const JOB_STATES = ["queued", "running", "done", "failed", "cancelled", "refused"] as const;
+import { JOB_STATES, TERMINAL_JOB_STATES } from "./vocabulary";
+
 export type JobPhase = (typeof JOB_STATES)[number];
 
 export interface JobState {
@@ -33,7 +34,7 @@ export interface ServerState {
   facts?: string;
 }
 
-const TERMINAL: ReadonlySet<JobPhase> = new Set(["done", "failed", "cancelled", "refused"]);
+const TERMINAL: ReadonlySet<JobPhase> = new Set(TERMINAL_JOB_STATES);
 
 export function isTerminal(state: JobState): boolean {
   return TERMINAL.has(state.state);

@@ -215,8 +215,10 @@ function M.optimize(steps)
   local n ---@type number?
   if steps ~= nil and steps ~= '' then
     n = tonumber(steps)
-    if not n or n < 1 or n % 1 ~= 0 then
-      say(('HtamOptimize expects a positive number of steps, got %q'):format(steps), ERROR)
+    local bounds = require('htam.vocabulary')
+    if not n or n < bounds.min_steps or n > bounds.max_steps or n % 1 ~= 0 then
+      local expected = ('a whole number of steps from %d to %d'):format(bounds.min_steps, bounds.max_steps)
+      say(('HtamOptimize expects %s, got %q'):format(expected, steps), ERROR)
       return
     end
   end

@@ -3,7 +3,10 @@ local config = require('htam.config')
 
 local M = {}
 
-local TERMINAL = { done = true, failed = true, cancelled = true, refused = true }
+local TERMINAL = {} ---@type table<string, boolean>
+for _, state in ipairs(require('htam.vocabulary').terminal_job_states) do
+  TERMINAL[state] = true
+end
 
 ---@class htam.Job
 ---@field jobId string|integer
