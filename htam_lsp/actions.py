@@ -167,7 +167,7 @@ def _notes(ls: Any, graph: Any, offer: sg.Offer) -> list[str]:
             "changed since they were measured. Run a step again."
         )
     if offer.untimed and not offer.suggestions:
-        note = offer.untimed[-1].step.verdict.get("note") or "not timed here"
+        note = offer.untimed[-1].step.verdict.note or "not timed here"
         notes.append(f"Correct candidates, but {note}: nothing to compare, nothing offered.")
     closest = render.best_slower(offer.slower)
     if closest is not None and not offer.suggestions:
@@ -325,7 +325,7 @@ def suggestion_facts(record: sg.StepRecord) -> dict[str, Any]:
         "refMs": record.ref_ms,
         "inputs": record.inputs,
         "nonPortable": record.non_portable,
-        "sandbox": step.verdict.get("sandbox"),
+        "sandbox": step.verdict.sandbox,
     }
 
 

@@ -28,7 +28,14 @@ from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
 from htam_engine.evaluate.process import Child, Stop
 from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.evaluate.static import static_checks
-from htam_engine.evaluate.verdict import SUSPECT_SPEEDUP, Check, EvalError, Limits, Verdict
+from htam_engine.evaluate.verdict import (
+    SUSPECT_SPEEDUP,
+    Check,
+    ErrorKind,
+    EvalError,
+    Limits,
+    Verdict,
+)
 from htam_engine.task import Task, allowed_ops, guess_backend
 from htam_engine.vocabulary import TORCH_OP_GROUPS
 
@@ -45,7 +52,7 @@ RUN_TO_RUN_CV = {"cpu": 0.045, "cuda": 0.01}
 LOCK_WAIT_S = 3600.0  # others' timings are bounded; waiting for them is no candidate's fault
 # Not the candidate's doing: a reference that fails today (out of memory, a fixed bug)
 # may run tomorrow, and a cancelled or timed-out evaluation said nothing.
-_UNCACHED = ("cancelled", "timeout", "reference_error")
+_UNCACHED = (ErrorKind.CANCELLED, ErrorKind.TIMEOUT, ErrorKind.REFERENCE_ERROR)
 _INCORRECT = frozenset({"output.shape", "output.dtype", "output.finite", "output.values"})
 _NOT_CUSTOM = frozenset({"runtime.torch_ops", "runtime.library", "static.torch_compute"})
 _TORCH_USED = "runtime.allowed_torch_ops"  # the worker's word on the allowed ops it ran
@@ -105,7 +112,7 @@ def evaluate(
         incumbent,
     )
     # Written even when not read: a re-measurement replaces the verdict it re-measured.
-    if verdict.error is None or verdict.error.kind not in _UNCACHED:
+    if verdict.error_kind not in _UNCACHED:
         cache.put(key, verdict, sandbox=verdict.sandbox)
     return verdict
 
@@ -123,9 +130,9 @@ def pooled_interval(verdicts: list[Verdict]) -> stats.Interval:
     """One interval from timed verdicts of the same candidate (or pair) in separate runs:
     the run-to-run spread that widens each one shrinks as the runs are averaged."""
     runs = [
-        (v.speedup, v.interval["within_run_half_width"], int(v.interval["pairs"]))
+        (v.speedup, v.within_run_half_width, v.interval.pairs)
         for v in verdicts
-        if v.speedup and v.interval
+        if v.speedup and v.interval and v.within_run_half_width is not None
     ]
     return stats.pooled(runs, RUN_TO_RUN_CV.get(verdicts[0].device, 0.0))
 
@@ -151,7 +158,7 @@ def _evaluate(
     failed = [check for check in verdict.checks if not check.passed]
     if failed:
         kinds = {_kind(check.name) for check in failed}
-        kind = "cheating" if "cheating" in kinds else kinds.pop()
+        kind = ErrorKind.CHEATING if ErrorKind.CHEATING in kinds else kinds.pop()
         chosen = [c for c in failed if _kind(c.name) == kind]
         _fail(verdict, kind, chosen, source, task.allow_torch)
         return verdict
@@ -207,13 +214,17 @@ def _ahead(task: Task, device: str, limits: Limits) -> dict[str, Any]:
 
 
 def _fail(
-    verdict: Verdict, kind: str, failed: list[Check], source: str, policy: tuple[str, ...] = ()
+    verdict: Verdict,
+    kind: ErrorKind,
+    failed: list[Check],
+    source: str,
+    policy: tuple[str, ...] = (),
 ) -> None:
     names = ", ".join(check.name for check in failed)
     detail = failed[0].detail
     line = excerpt.first_line_number(detail)
     message = f"{names}: {detail}"[:600]
-    if kind == "not_custom_kernel":
+    if kind == ErrorKind.NOT_CUSTOM_KERNEL:
         message += allow_hint(failed, policy)
     verdict.error = EvalError(kind, message, excerpt.around(source, line), line)
     verdict.correct = False
@@ -275,7 +286,7 @@ def _compile_only(task: Task, source: str, verdict: Verdict, limits: Limits) -> 
                 f"{where}: {display_name(task)} compiled with nvcc -arch={ARCH} only (a "
                 "compile check), nothing timed"
             )
-    verdict.error = EvalError("no_gpu", message)
+    verdict.error = EvalError(ErrorKind.NO_GPU, message)
     return verdict
 
 
@@ -346,18 +357,19 @@ def _raise_failed(failed: list[Check], policy: tuple[str, ...] = ()) -> None:
     if not failed:
         return
     kinds = [_kind(check.name) for check in failed]
-    kind = next((k for k in ("cheating", "not_custom_kernel") if k in kinds), "incorrect")
+    order = (ErrorKind.CHEATING, ErrorKind.NOT_CUSTOM_KERNEL)
+    kind = next((k for k in order if k in kinds), ErrorKind.INCORRECT)
     chosen = [c for c, k in zip(failed, kinds, strict=True) if k == kind]
     message = "; ".join(f"{c.name}: {c.detail}" for c in chosen)[:600]
-    if kind == "not_custom_kernel":
+    if kind == ErrorKind.NOT_CUSTOM_KERNEL:
         message += allow_hint(chosen, policy)
     raise Stop(kind, message)
 
 
-def _kind(name: str) -> str:
+def _kind(name: str) -> ErrorKind:
     if name in _NOT_CUSTOM:
-        return "not_custom_kernel"
-    return "incorrect" if name in _INCORRECT else "cheating"
+        return ErrorKind.NOT_CUSTOM_KERNEL
+    return ErrorKind.INCORRECT if name in _INCORRECT else ErrorKind.CHEATING
 
 
 def _phases(
@@ -418,7 +430,7 @@ def _record_timing(verdict: Verdict, ref: list[float], cand: list[float]) -> Non
     within = stats.paired_speedup(ref, cand)
     between = within.with_run_to_run(RUN_TO_RUN_CV.get(verdict.device, 0.0))
     verdict.speedup = within.estimate
-    verdict.interval = {**between.to_json(), "within_run_half_width": within.half_width}
+    verdict.interval, verdict.within_run_half_width = between, within.half_width
     verdict.suspect = verdict.speedup > SUSPECT_SPEEDUP
 
 
@@ -429,8 +441,10 @@ def _record_conditions(verdict: Verdict, load_before: float, target: float) -> N
     if verdict.device == "cuda":
         load.update(gpu_clocks())
     verdict.load = load
-    within = verdict.interval.get("within_run_half_width", float("inf"))
-    verdict.converged = within <= target  # the pairs' own interval reached the target
+    within = verdict.within_run_half_width
+    verdict.converged = (
+        within is not None and within <= target
+    )  # the pairs' own interval reached the target
     # No convergence, or more runnable work than cores besides this timing: noisy.
     verdict.noisy = not verdict.converged or max(load["before"], load["after"]) > cores
 
@@ -460,8 +474,9 @@ def gpu_clocks() -> dict[str, float]:
 def _error(verdict: Verdict, stop: Stop, source: str) -> Verdict:
     line = excerpt.line_from_log(stop.log, source) or stop.line
     message = stop.message
-    if stop.kind == "compile_error" and stop.log:
+    kind = ErrorKind(stop.kind)
+    if kind == ErrorKind.COMPILE_ERROR and stop.log:
         message = f"{message}\n{excerpt.first_error(stop.log)}".strip()
-    verdict.error = EvalError(stop.kind, message[:1200], excerpt.around(source, line), line)
+    verdict.error = EvalError(kind, message[:1200], excerpt.around(source, line), line)
     verdict.correct = False
     return verdict
