@@ -90,10 +90,9 @@ class EvalError:
 
 
 def _interval_json(interval: Interval | None, within: float | None) -> dict[str, Any]:
-    if interval is None:
-        return {}
-    extra = {} if within is None else {"within_run_half_width": within}
-    return {**interval.to_json(), **extra}
+    """`interval` on the wire: {} when not timed."""
+    data = interval.to_json() if interval is not None else {}
+    return data if within is None else {**data, "within_run_half_width": within}
 
 
 @dataclass
@@ -176,7 +175,7 @@ class Verdict:
         values["checks"] = [Check.from_json(check) for check in data.get("checks") or []]
         values["error"] = EvalError.from_json(data["error"]) if data.get("error") else None
         interval = data.get("interval") or {}
-        values["interval"] = Interval.from_json(interval) if interval else None
+        values["interval"] = Interval.from_json(interval) if "estimate" in interval else None
         within = interval.get("within_run_half_width")
         values["within_run_half_width"] = float(within) if within is not None else None
         return cls(**values)
