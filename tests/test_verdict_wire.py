@@ -9,18 +9,23 @@ added without serialisation fails here.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from htam_engine import events
+from htam_engine.evaluate import protocol
 from htam_engine.evaluate.verdict import Check, Duel, ErrorKind, EvalError, Verdict
 from htam_engine.stats import Interval
 from htam_engine.vocabulary import FAILED_STATUS, STATUS_TABLE, Status
 from htam_lsp import render, runs
 from htam_lsp import suggestions as sg
 
+ROOT = Path(__file__).resolve().parent.parent
 # A value for every field of a Verdict, none of them its default.
 FULL: dict[str, Any] = {
     "compiled": True,
@@ -168,3 +173,37 @@ def test_every_error_kind_that_fails_a_compiled_candidate_has_its_status() -> No
 def test_an_unknown_error_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown error kind"):
         EvalError("segfault", "no such kind")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        protocol.Compiled("bwrap"),
+        protocol.Verified([Check("output.values", False, "set 2: max error 0.3")], 3),
+        protocol.Timing(),
+        protocol.Timed([1.0e-3, 1.1e-3], [0.7e-3, 0.8e-3], 0.002, [], 1, {"stolen_share": 0.1}),
+        protocol.Failed("timeout", "verify exceeded its limit", "log", 4),
+    ],
+)
+def test_each_judge_message_round_trips_through_its_line(message: protocol.Message) -> None:
+    """What the judge prints, as the caller's `Child` reads it (stamped, token stripped)."""
+    line = json.loads(json.dumps({**protocol.encode(message), "token": "t"}))
+    line.pop("token")
+    assert protocol.decode({**line, "_t": 12.5}, type(message)) == message
+
+
+def test_a_judge_line_that_is_not_the_message_is_a_clear_error() -> None:
+    with pytest.raises(protocol.ProtocolError, match="expected a 'timed'"):
+        protocol.decode({"event": "verified", "checks": [], "sets": 3}, protocol.Timed)
+    with pytest.raises(protocol.ProtocolError, match="malformed 'verified'"):
+        protocol.decode({"event": "verified", "checks": [{"passed": True}]}, protocol.Verified)
+
+
+def test_the_verdict_s_types_import_without_the_evaluator() -> None:
+    """The server reads verdicts and events without loading the runner (or torch)."""
+    code = (
+        "import sys, htam_engine.events, htam_engine.evaluate.protocol, htam_lsp.render\n"
+        "heavy = {'torch', 'htam_engine.evaluate.runner'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)

@@ -23,7 +23,7 @@ from typing import Any
 
 from htam_engine import stats, triton_backend
 from htam_engine.errors import UserError
-from htam_engine.evaluate import cache, excerpt, standby
+from htam_engine.evaluate import cache, excerpt, protocol, standby
 from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
 from htam_engine.evaluate.process import Child, Stop
 from htam_engine.evaluate.sandbox import sandbox_mode
@@ -184,7 +184,7 @@ def run_candidate(
     on_phase("compile")
     with standby.judge_for(_ahead(task, verdict.device, limits), task.reference_source) as started:
         _write_job(started, task, source, incumbent)
-        started.judge.send("job")
+        started.judge.send(protocol.JOB)
         try:
             _phases(started.judge, task, verdict, limits, cancel, on_phase)
         except Stop as stop:
@@ -323,10 +323,9 @@ def _timed(verdict: Verdict, phase: str, start: float) -> None:
     verdict.phase_seconds[phase] = round(time.monotonic() - start, 3)
 
 
-def _merge(verdict: Verdict, checks: list[dict]) -> list[Check]:
-    """Add `checks` to the verdict's, by name (a failure is never replaced); the new
+def _merge(verdict: Verdict, new: list[Check]) -> list[Check]:
+    """Add `new` checks to the verdict's, by name (a failure is never replaced); the new
     failures."""
-    new = [Check(**check) for check in checks]
     by_name = {check.name: check for check in verdict.checks}
     for check in new:
         if check.name not in by_name or by_name[check.name].passed:
@@ -335,7 +334,7 @@ def _merge(verdict: Verdict, checks: list[dict]) -> list[Check]:
     return [check for check in new if not check.passed]
 
 
-def _judged(verdict: Verdict, task: Task, checks: list[dict]) -> list[Check]:
+def _judged(verdict: Verdict, task: Task, checks: list[Check]) -> list[Check]:
     """`_merge`, then the policy judged here: the allowed ops the worker says it ran are
     recorded in `torch_ops`, and a claim outside this side's policy is a forged report."""
     failed = _merge(verdict, checks)
@@ -380,36 +379,39 @@ def _phases(
     cancel: threading.Event,
     on_phase: Callable[[str], None],
 ) -> None:
+    def answer(kind: type[protocol.M], limit_s: float, phase: str) -> protocol.M:
+        return protocol.decode(judge.wait_for(kind.EVENT, limit_s, phase, cancel), kind)
+
     start = time.monotonic()
-    compiled = judge.wait_for("compiled", limits.compile_s + limits.verify_s, "compile", cancel)
+    compiled = answer(protocol.Compiled, limits.compile_s + limits.verify_s, "compile")
     verdict.compiled = True
-    verdict.sandbox = str(compiled.get("sandbox"))
+    verdict.sandbox = compiled.sandbox
     _timed(verdict, "compile", start)
     on_phase("verify")
     start = time.monotonic()
-    judge.send("verify")
-    verified = judge.wait_for("verified", limits.verify_s, "verify", cancel)
+    judge.send(protocol.VERIFY)
+    verified = answer(protocol.Verified, limits.verify_s, "verify")
     _timed(verdict, "verify", start)
-    verdict.inputs_checked = int(verified["sets"])
-    _raise_failed(_judged(verdict, task, verified["checks"]), task.allow_torch)
+    verdict.inputs_checked = verified.sets
+    _raise_failed(_judged(verdict, task, verified.checks), task.allow_torch)
     verdict.correct = True
     if note := triton_backend.timing_note(task.backend, verdict.device):
         verdict.note = note  # interpreter times say nothing about the kernel
         return
     on_phase("time")
-    judge.send("time")
-    judge.wait_for("timing", LOCK_WAIT_S, "the wait for the timing lock", cancel)
+    judge.send(protocol.TIME)
+    answer(protocol.Timing, LOCK_WAIT_S, "the wait for the timing lock")
     load_before = os.getloadavg()[0]
     start = time.monotonic()
     try:
-        timed = judge.wait_for("timed", limits.time_s, "time", cancel)
+        timed = answer(protocol.Timed, limits.time_s, "time")
     finally:
         _timed(verdict, "time", start)  # how long it held the timing lock, even if it failed
-    verdict.threads = int(timed["threads"])
-    _raise_failed(_judged(verdict, task, timed["checks"]), task.allow_torch)
-    _record_timing(verdict, timed["ref"], timed["cand"])
-    verdict.spread["harness_ms"] = float(timed["harness_ms"])
-    verdict.spread.update(timed.get("accounting", {}))  # what neighbours took (CPU)
+    verdict.threads = timed.threads
+    _raise_failed(_judged(verdict, task, timed.checks), task.allow_torch)
+    _record_timing(verdict, timed.ref, timed.cand)
+    verdict.spread["harness_ms"] = timed.harness_ms
+    verdict.spread.update(timed.accounting)  # what neighbours took (CPU)
     _record_conditions(verdict, load_before, TARGET_HALF_WIDTH.get(verdict.device, 0.05))
 
 
