@@ -1,15 +1,20 @@
 """The typed event stream of a run: what `htam optimize --events` writes, one JSON object a
 line, and what the language server reads back.
 
-Dependency-free (the server imports it without the engine's heavy modules). On the wire
-each event is its fields plus `"event": <kind>`, with `global`/`local` for the ids.
+Dependency-free (the server imports it without the engine's heavy modules: the verdict's
+types are light). On the wire each event is its fields plus `"event": <kind>`, with
+`global`/`local` for the ids; a step's verdict and duel are written and read by their
+own `to_json`/`from_json`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
+
+from htam_engine.evaluate.verdict import Duel, EvalError, Verdict
 
 _WIRE = {"global_id": "global", "local_id": "local"}
 _FROM_WIRE = {wire: name for name, wire in _WIRE.items()}
@@ -45,8 +50,8 @@ class Phase:
 
 @dataclass(frozen=True)
 class Step:
-    """One finished step: the decision, the verdict (as the evaluator wrote it) and the
-    candidate; `speedup` is over the starting implementation."""
+    """One finished step: the decision, the verdict (a step without code has the empty
+    one) and the candidate; `speedup` is over the starting implementation."""
 
     kind: ClassVar[str] = "step"
     step: int
@@ -58,34 +63,31 @@ class Step:
     speedup: float | None
     decision: dict[str, Any] = field(default_factory=dict)
     local_decision: dict[str, Any] = field(default_factory=dict)
-    verdict: dict[str, Any] = field(default_factory=dict)
+    verdict: Verdict = field(default_factory=Verdict)
     source: str = ""
     prompt_tokens: int = 0
     note: str = ""  # why there was no code, or how a repair turn went
     llm: dict[str, Any] = field(default_factory=dict)  # LLM attempts and this step's usage
     # the candidate timed in pairs against the best so far, which confirmed or refused
-    # a win the reference ratios suggested: speedup, interval (low, high), confirmed,
-    # and the runs pooled (duels: an ambiguous duel is timed again)
-    versus_best: dict[str, Any] = field(default_factory=dict)
+    # a win the reference ratios suggested (None: it had no such duel; `{}` on the wire)
+    versus_best: Duel | None = None
 
     @property
     def compiled(self) -> bool:
-        return bool(self.verdict.get("compiled"))
+        return self.verdict.compiled
 
     @property
     def correct(self) -> bool:
-        return bool(self.verdict.get("correct"))
+        return self.verdict.correct
 
     @property
     def ref_speedup(self) -> float | None:
         """The candidate over the PyTorch reference, for a correct candidate."""
-        value = self.verdict.get("speedup")
-        return float(value) if self.correct and value is not None else None
+        return self.verdict.speedup if self.correct else None
 
     @property
-    def error(self) -> dict[str, Any]:
-        """The verdict's error (kind, message, line, log), or {}."""
-        return self.verdict.get("error") or {}
+    def error(self) -> EvalError | None:
+        return self.verdict.error
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,11 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Phase, Step, R
 
 
 def to_json(event: Event) -> dict[str, Any]:
-    data = {_WIRE.get(k, k): v for k, v in asdict(event).items()}
-    return {"event": event.kind, **data}
+    data = {f.name: copy.deepcopy(getattr(event, f.name)) for f in fields(event)}
+    if isinstance(event, Step):
+        data["verdict"] = event.verdict.to_json()
+        data["versus_best"] = event.versus_best.to_json() if event.versus_best else {}
+    return {"event": event.kind, **{_WIRE.get(k, k): v for k, v in data.items()}}
 
 
 def to_line(event: Event) -> str:
@@ -134,10 +139,14 @@ def from_json(data: Any) -> Event:
         raise EventError(f"not an event: {str(data)[:120]}")
     cls = KINDS[data["event"]]
     names = {f.name for f in fields(cls)}
-    values = {_FROM_WIRE.get(k, k): v for k, v in data.items() if k != "event"}
+    wire = {_FROM_WIRE.get(str(k), str(k)): v for k, v in data.items() if k != "event"}
+    values: dict[str, Any] = {k: v for k, v in wire.items() if k in names}
     try:
-        return cls(**{k: v for k, v in values.items() if k in names})
-    except TypeError as error:  # a missing field
+        if cls is Step:
+            values["verdict"] = Verdict.from_json(values.get("verdict") or {})
+            values["versus_best"] = Duel.from_json(values.get("versus_best"))
+        return cls(**values)
+    except (TypeError, ValueError, KeyError, AttributeError) as error:  # a missing field
         raise EventError(f"malformed {data['event']} event: {error}") from None
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from htam_engine import events, implement, parsing
 from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
-from htam_engine.evaluate import Verdict, evaluate, standby
+from htam_engine.evaluate import Duel, ErrorKind, Verdict, evaluate, standby
 from htam_engine.evaluate.cache import usable_as_baseline
 from htam_engine.evaluate.runner import compare, pooled_interval
 from htam_engine.events import Phase, Step
@@ -34,18 +34,11 @@ from htam_engine.state import State
 from htam_engine.strategies import REGISTRY
 from htam_engine.task import Task
 from htam_engine.triton_backend import CORRECTNESS_ONLY
-from htam_engine.vocabulary import Status
+from htam_engine.vocabulary import FAILED_STATUS, Status
 
 Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
-# Verdicts that say nothing about a strategy: learning from them would only add noise.
-UNRUNNABLE = {"no_gpu", "cancelled", "reference_error"}
 MAX_DUELS = 3  # runs of one ambiguous duel, pooled, before a win is given up
-REFERENCE_ERROR = "reference_error"  # a run it stops says `reference_error: <why>`
-# Verdict error kinds of a candidate that compiled but failed, that are statuses of their own.
-FAILED_KINDS = {
-    s.value: s for s in (Status.CRASH, Status.TIMEOUT, Status.CHEATING, Status.NOT_CUSTOM_KERNEL)
-}
 TRANSLATE = "translate"  # the local id of step 0 when the LLM writes the first version
 EXCLUDED = "excluded: it failed on this task in an earlier run"
 
@@ -72,7 +65,7 @@ class RunResult:
     task: str
     backend: str
     provider: str
-    start_verdict: dict[str, Any]
+    start_verdict: Verdict | None
     steps: list[Step] = field(default_factory=list)
     best_source: str = ""
     best_step: int = 0  # 0 = the starting implementation
@@ -116,7 +109,7 @@ class RunResult:
             "best_step": self.best_step,
             "stopped": self.stopped,
             "output_dir": self.output_dir,
-            "start_verdict": self.start_verdict,
+            "start_verdict": self.start_verdict.to_json() if self.start_verdict else {},
             "best_source": self.best_source,
             "translation": _step_json(self.translation) if self.translation else None,
             "steps": [_step_json(s) for s in self.steps],
@@ -182,7 +175,7 @@ class Optimizer:
             task=task.name,
             backend=task.backend,
             provider=provider.name if provider else "offline",
-            start_verdict={},
+            start_verdict=None,
             best_source=start_source,
         )
         self.tried: set[tuple[str, str]] = set()  # (strategy, code) pairs already evaluated
@@ -207,7 +200,7 @@ class Optimizer:
             return self.result
         if start is None:
             return self.result
-        self.result.start_verdict = start.to_json()
+        self.result.start_verdict = start
         self.start_source = self.result.best_source
         self.result.best_correct = start.correct
         if start.note:
@@ -250,12 +243,11 @@ class Optimizer:
         self._phase(step, "generate", g, local_id)
         made = self._implement(step, graph.locals[local_id], current, g, local_id)
         candidate, verdict = made.code, made.verdict
-        versus_best: dict[str, Any] = {}
+        versus_best: Duel | None = None
         if candidate is None or verdict is None:
-            verdict_json: dict[str, Any] = {"compiled": False, "correct": False, "error": None}
+            verdict = Verdict()  # no code: nothing was evaluated
             status, speedup_vs_best = Status.NO_CODE, None
         else:
-            verdict_json = verdict.to_json()
             status, speedup_vs_best = self._status(verdict)
             if status == Status.IMPROVED and self.result.best_ref_speedup is not None:
                 status, speedup_vs_best, versus_best = self._settle(step, candidate, g, local_id)
@@ -263,14 +255,14 @@ class Optimizer:
                 self.result.best_ref_speedup = verdict.speedup
                 self.result.best_over_start = self.result.best_interval = None
                 if versus_best and self.result.best_source == self.start_source:
-                    self.result.best_over_start = versus_best["speedup"]
-                    self.result.best_interval = (versus_best["low"], versus_best["high"])
+                    self.result.best_over_start = versus_best.speedup
+                    self.result.best_interval = versus_best.bounds
             if status == Status.IMPROVED or (verdict.correct and verdict.note):
                 # an untimed run (Triton under its interpreter) goes on from correct code
                 self.result.best_source, self.result.best_step = candidate, step
                 self.result.best_correct = True
         self._phase(step, "update", g, local_id)
-        r = self._learn(decision, status, verdict_json, speedup_vs_best, candidate)
+        r = self._learn(decision, status, verdict, speedup_vs_best, candidate)
         record = Step(
             step=step,
             global_id=g,
@@ -278,10 +270,10 @@ class Optimizer:
             reason=decision.local.reason,
             status=status,
             reward=r,
-            speedup=self._over_start(verdict_json),
+            speedup=self._over_start(verdict),
             decision=decision.global_decision.to_json(),
             local_decision=decision.local.to_json(),
-            verdict=verdict_json,
+            verdict=verdict,
             source=candidate or "",
             prompt_tokens=_input_tokens(made),
             note=made.note,
@@ -294,10 +286,10 @@ class Optimizer:
     def _start(self) -> Verdict | None:
         """The starting implementation's verdict; None when it cannot run at all."""
         start = self._measure(0, self.result.best_source)
-        if start.error and start.error.kind in UNRUNNABLE:
-            self.result.start_verdict = start.to_json()
+        if start.error and start.unrunnable:
+            self.result.start_verdict = start
             self.result.stopped = f"cannot run the starting implementation: {start.error.message}"
-            if start.error.kind == REFERENCE_ERROR:
+            if start.error.kind == ErrorKind.REFERENCE_ERROR:
                 self.result.stopped = _stopped_by(start)
             return None
         return start
@@ -322,7 +314,7 @@ class Optimizer:
         status = self._status(verdict)[0] if verdict else Status.NO_CODE
         self.result.translation = Step(
             0, START, TRANSLATE, "no implementation to start from", status, 0.0, None,
-            verdict=verdict.to_json() if verdict else {}, source=made.code or "",
+            verdict=verdict or Verdict(), source=made.code or "",
             prompt_tokens=_input_tokens(made), note=made.note, llm=made.llm,
         )  # fmt: skip
         self.emit(self.result.translation)
@@ -395,7 +387,7 @@ class Optimizer:
 
         def measure(code: str) -> Verdict:
             verdict = self._measure(step, code, g, local_id)
-            if verdict.error and verdict.error.kind in UNRUNNABLE:
+            if verdict.unrunnable:
                 raise RunStopped(_stopped_by(verdict))
             return verdict
 
@@ -429,7 +421,7 @@ class Optimizer:
 
     def _settle(
         self, step: int, candidate: str, g: str, local_id: str
-    ) -> tuple[Status, float | None, dict[str, Any]]:
+    ) -> tuple[Status, float | None, Duel]:
         """An apparent win, timed in pairs against the best so far: improved only when the
         lower end of that interval clears the improve margin. A duel whose estimate clears
         the margin but whose interval does not is timed again in another run, up to
@@ -443,9 +435,10 @@ class Optimizer:
             if not duel.correct or not duel.interval:
                 # it passed once: the candidate or the incumbent is flaky; only deception
                 # is the candidate's for certain
-                kind = duel.error.kind if duel.error else ""
-                cheated = kind == Status.CHEATING.value
-                return Status.CHEATING if cheated else Status.NOT_IMPROVED, None, {"error": kind}
+                kind = duel.error_kind
+                cheated = kind == ErrorKind.CHEATING
+                status = Status.CHEATING if cheated else Status.NOT_IMPROVED
+                return status, None, Duel.failed(kind)
             duels.append(duel)
             pooled = pooled_interval(duels)
             ambiguous = pooled.low < margin <= pooled.estimate
@@ -453,13 +446,7 @@ class Optimizer:
                 break
         usable = all(usable_as_baseline(d) for d in duels)
         confirmed = pooled.low >= margin and usable
-        summary = {
-            "speedup": pooled.estimate,
-            "low": pooled.low,
-            "high": pooled.high,
-            "confirmed": confirmed,
-            "duels": len(duels),
-        }
+        summary = Duel.pooled(pooled, confirmed=confirmed, duels=len(duels))
         return Status.IMPROVED if confirmed else Status.NOT_IMPROVED, pooled.estimate, summary
 
     def _compare(self, candidate: str, incumbent: str, run: int = 0) -> Verdict:
@@ -478,11 +465,11 @@ class Optimizer:
 
     def _status(self, verdict: Verdict) -> tuple[Status, float | None]:
         """The outcome status and the speedup over the best so far (reference-normalised)."""
-        kind = verdict.error.kind if verdict.error else None
+        kind = verdict.error_kind
         if not verdict.compiled:
-            return (Status.TIMEOUT if kind == "timeout" else Status.COMPILE_ERROR), None
+            return (Status.TIMEOUT if kind == ErrorKind.TIMEOUT else Status.COMPILE_ERROR), None
         if not verdict.correct:
-            return FAILED_KINDS.get(kind or "", Status.INCORRECT), None
+            return (FAILED_STATUS.get(kind, Status.INCORRECT) if kind else Status.INCORRECT), None
         if verdict.note:  # correct but not timed: nothing to compare
             return Status.NOT_IMPROVED, None
         best = self.result.best_ref_speedup
@@ -495,7 +482,7 @@ class Optimizer:
         self,
         decision: Decision,
         status: Status,
-        verdict: dict[str, Any],
+        verdict: Verdict,
         speedup: float | None,
         candidate: str | None,
     ) -> float:
@@ -504,8 +491,8 @@ class Optimizer:
             decision,
             status,
             speedup=speedup,
-            runtime_ms=verdict.get("runtime_ms"),
-            compiled=bool(verdict.get("compiled")),
+            runtime_ms=verdict.runtime_ms,
+            compiled=verdict.compiled,
             code_excerpt=_excerpt(candidate or ""),
         )
         self.store.apply_outcome(outcome)
@@ -513,11 +500,11 @@ class Optimizer:
             self.failed[decision.local_id] = status
         return outcome.reward
 
-    def _over_start(self, verdict: dict[str, Any]) -> float | None:
-        start, ref = self.result.start_ref_speedup, verdict.get("speedup")
-        if not verdict.get("correct") or not start or not ref:
+    def _over_start(self, verdict: Verdict) -> float | None:
+        start, ref = self.result.start_ref_speedup, verdict.speedup
+        if not verdict.correct or not start or not ref:
             return None
-        return float(ref) / start
+        return ref / start
 
     def _duel_start(self) -> None:
         """The run's claim over its start: the best, when it was not settled against the
@@ -529,17 +516,17 @@ class Optimizer:
         duel = self._compare(self.result.best_source, self.start_source)
         if duel.correct and duel.interval:
             self.result.best_over_start = duel.speedup
-            self.result.best_interval = (duel.interval["low"], duel.interval["high"])
+            self.result.best_interval = (duel.interval.low, duel.interval.high)
 
     def _feedback_text(self) -> str:
         if not self.result.steps:
-            v = self.result.start_verdict
-            return f"starting implementation: correct={v.get('correct')}, {v.get('runtime_ms')} ms"
+            v = self.result.start_verdict or Verdict()
+            return f"starting implementation: correct={v.correct}, {v.runtime_ms} ms"
         last = self.result.steps[-1]
-        error = last.verdict.get("error") or {}
+        error = last.error.message if last.error else "none"
         return (
             f"last step {last.global_id}/{last.local_id}: {last.status}; "
-            f"speedup over start {last.speedup}; error: {error.get('message', 'none')}"
+            f"speedup over start {last.speedup}; error: {error}"
         )
 
     def _phase(self, step: int, phase: str, g: str = "", local: str = "") -> None:
@@ -552,9 +539,9 @@ class Optimizer:
 def _stopped_by(verdict: Verdict) -> str:
     """Why a verdict stops the run: its kind, and for a failing reference what failed."""
     assert verdict.error is not None
-    if verdict.error.kind == REFERENCE_ERROR:
-        return f"{REFERENCE_ERROR}: {verdict.error.message}"
-    return verdict.error.kind
+    if verdict.error.kind == ErrorKind.REFERENCE_ERROR:
+        return f"{ErrorKind.REFERENCE_ERROR.value}: {verdict.error.message}"
+    return verdict.error.kind.value
 
 
 def _restrict_to_applicable(graph: Graph, applicable: dict[str, str | None]) -> Graph:

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -19,6 +19,9 @@ from htam_engine.errors import NoStartError, ReferenceFailed, UserError
 from htam_engine.evaluate.cli import add_policy_arguments, with_policy
 from htam_engine.report import format_bounded, format_duel, format_interval, format_speedup
 from htam_engine.vocabulary import PROVIDERS
+
+if TYPE_CHECKING:
+    from htam_engine.loop import RunResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         console.quiet = False
-        console.print(_final_table(summary))
+        console.print(_final_table(result))
         console.print(f"results in [bold]{result.output_dir}[/]")
         if result.note:
             console.print(f"[yellow]{result.note}[/]")
@@ -216,23 +219,23 @@ class _Display:
                 )
 
 
-def _final_table(summary: dict[str, Any]) -> Table:
-    table = Table(title=f"HTAM on {summary['task']} ({summary['provider']})")
+def _final_table(result: RunResult) -> Table:
+    table = Table(title=f"HTAM on {result.task} ({result.provider})")
     # the direction of each step is in its line above; a narrow terminal folds, never cuts
     for column in ("step", "strategy", "outcome", "vs start", "vs best, in pairs", "vs PyTorch"):
         table.add_column(column, overflow="fold")
-    for s in summary["steps"]:
+    for s in result.steps:
         table.add_row(
-            str(s["step"]),
-            s["local"],
-            s["status"],
-            format_speedup(s["speedup"]),
-            format_duel(s["versus_best"]),
-            format_interval(s["verdict"]),
+            str(s.step),
+            s.local_id,
+            s.status,
+            format_speedup(s.speedup),
+            format_duel(s.versus_best),
+            format_interval(s.verdict),
         )
-    best = format_bounded(summary["best_speedup"], summary["best_interval"])
+    best = format_bounded(result.best_speedup, result.best_interval)
     table.caption = (
         f"best: {best} over the start, "
-        f"{format_speedup(summary['ref_speedup'])} vs PyTorch; stopped: {summary['stopped']}"
+        f"{format_speedup(result.best_ref_speedup)} vs PyTorch; stopped: {result.stopped}"
     )
     return table

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from htam_engine.evaluate.verdict import Duel, Verdict
     from htam_engine.loop import RunResult
 
 
@@ -35,7 +36,7 @@ def markdown_report(result: RunResult) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in result.steps:
-        runtime = s.verdict.get("runtime_ms")
+        runtime = s.verdict.runtime_ms
         shown = "-" if runtime is None else f"{runtime:.3f}"
         lines.append(
             f"| {s.step} | {s.global_id} | {s.local_id} | {s.reason.replace('|', '/')} "
@@ -82,31 +83,35 @@ def format_speedup(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
+def format_bounds(bounds: Sequence[float]) -> str:
+    """The one way 95 % bounds are written: "95 % 1.02-1.10"."""
+    return f"95 % {bounds[0]:.2f}-{bounds[1]:.2f}"
+
+
 def format_bounded(value: float | None, bounds: Sequence[float] | None) -> str:
     """A speedup with its 95 % bounds where it has them: "1.06x (95 % 1.02-1.10)"."""
     if value is None or not bounds:
         return format_speedup(value)
-    return f"{value:.2f}x (95 % {bounds[0]:.2f}-{bounds[1]:.2f})"
+    return f"{format_speedup(value)} ({format_bounds(bounds)})"
 
 
-def format_duel(duel: dict[str, Any]) -> str:
+def format_duel(duel: Duel | None) -> str:
     """A step's timing in pairs against the best so far (`Step.versus_best`):
     "1.05x (95 % 0.99-1.11), 3 runs", "failed (crash)"; "-" when it had none."""
-    if not duel:
+    if duel is None:
         return "-"
-    if "speedup" not in duel:
-        return f"failed ({duel.get('error') or 'no timing'})"
-    text = format_bounded(duel["speedup"], (duel["low"], duel["high"]))
-    runs = duel.get("duels", 1)
-    return text if runs == 1 else f"{text}, {runs} runs"
+    if duel.speedup is None:
+        return f"failed ({duel.error or 'no timing'})"
+    text = format_bounded(duel.speedup, duel.bounds)
+    return text if duel.duels == 1 else f"{text}, {duel.duels} runs"
 
 
-def format_interval(verdict: dict[str, Any]) -> str:
+def format_interval(verdict: Verdict) -> str:
     """A timed verdict's speedup over PyTorch with its 95 % interval and flags:
     "1.46x (95 % 1.41-1.52)", "... noisy", "... suspect"; "-" when not timed."""
-    interval = verdict.get("interval") or {}
-    if not verdict.get("correct") or not interval:
+    interval = verdict.interval
+    if not verdict.correct or interval is None:
         return "-"
-    text = format_bounded(interval["estimate"], (interval["low"], interval["high"]))
-    flags = [name for name in ("noisy", "suspect") if verdict.get(name)]
+    text = format_bounded(interval.estimate, (interval.low, interval.high))
+    flags = [name for name, on in (("noisy", verdict.noisy), ("suspect", verdict.suspect)) if on]
     return " ".join([text, *flags])

@@ -49,6 +49,13 @@ class Interval:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "half_width": self.half_width}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Interval:
+        """From `to_json`'s object (its derived `half_width`, and any other key, ignored;
+        no `pairs`: 0)."""
+        estimate, low, high = (float(data[k]) for k in ("estimate", "low", "high"))
+        return cls(estimate, low, high, int(data.get("pairs", 0)))
+
 
 def pooled(runs: Sequence[tuple[float, float, int]], cv: float) -> Interval:
     """One speedup from `runs` separate timings of the same pair, each given as (estimate,

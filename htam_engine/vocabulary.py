@@ -63,6 +63,9 @@ class Status(StrEnum):
     TIMEOUT = "timeout"
     NOT_CUSTOM_KERNEL = "not_custom_kernel"  # a library did the work without permission
     CHEATING = "cheating"  # deception: forged reports, oracles, tampering
+    OOM = "oom"  # it compiled, then ran out of memory
+    RUNTIME_ERROR = "runtime_error"  # it compiled, then raised
+    CUDA_ERROR = "cuda_error"  # it compiled, then a CUDA call failed (a bad launch, access)
 
     @property
     def info(self) -> StatusInfo:
@@ -71,6 +74,38 @@ class Status(StrEnum):
     @property
     def correct(self) -> bool:
         return self in (Status.IMPROVED, Status.NOT_IMPROVED)
+
+
+class ErrorKind(StrEnum):
+    """Why an evaluation failed: every `EvalError.kind` the evaluator produces."""
+
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    INCORRECT = "incorrect"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    OOM = "oom"
+    CUDA_ERROR = "cuda_error"
+    CHEATING = "cheating"
+    NOT_CUSTOM_KERNEL = "not_custom_kernel"
+    CANCELLED = "cancelled"
+    NO_GPU = "no_gpu"
+    REFERENCE_ERROR = "reference_error"  # the reference itself fails: no candidate's fault
+
+
+# The verdicts that say nothing about a strategy (learning from them would only add noise)
+UNRUNNABLE = frozenset({ErrorKind.NO_GPU, ErrorKind.CANCELLED, ErrorKind.REFERENCE_ERROR})
+# The status of a candidate that compiled but failed, by its error kind; any other kind
+# (a failed check) is `Status.INCORRECT`.
+FAILED_STATUS: dict[ErrorKind, Status] = {
+    ErrorKind.CRASH: Status.CRASH,
+    ErrorKind.TIMEOUT: Status.TIMEOUT,
+    ErrorKind.CHEATING: Status.CHEATING,
+    ErrorKind.NOT_CUSTOM_KERNEL: Status.NOT_CUSTOM_KERNEL,
+    ErrorKind.OOM: Status.OOM,
+    ErrorKind.RUNTIME_ERROR: Status.RUNTIME_ERROR,
+    ErrorKind.CUDA_ERROR: Status.CUDA_ERROR,
+}
 
 
 @dataclass(frozen=True)
@@ -93,6 +128,10 @@ STATUS_TABLE: dict[str, StatusInfo] = {  # keyed by Status; a plain str finds it
     Status.INCORRECT: StatusInfo(-1.0, -0.5, "incorrect"),
     Status.NOT_CUSTOM_KERNEL: StatusInfo(-0.75, -0.5, "not_custom_kernel"),
     Status.CRASH: StatusInfo(-1.0, -0.5, "crash"),
+    # failures at run time weigh as a wrong answer does (what they counted as before)
+    Status.OOM: StatusInfo(-1.0, -0.5, "oom"),
+    Status.RUNTIME_ERROR: StatusInfo(-1.0, -0.5, "runtime_error"),
+    Status.CUDA_ERROR: StatusInfo(-1.0, -0.5, "cuda_error"),
     Status.TIMEOUT: StatusInfo(-0.75, -0.5, "timeout"),
     Status.COMPILE_ERROR: StatusInfo(-0.5, -0.5, "compile_error"),
     Status.NO_CODE: StatusInfo(-0.25, -0.5, "no_code"),

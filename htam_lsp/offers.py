@@ -51,7 +51,7 @@ def suggestion_facts(record: sg.StepRecord) -> dict[str, Any]:
         "refMs": record.ref_ms,
         "inputs": record.inputs,
         "nonPortable": record.non_portable,
-        "sandbox": step.verdict.get("sandbox"),
+        "sandbox": step.verdict.sandbox,
     }
 
 

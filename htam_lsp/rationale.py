@@ -45,7 +45,7 @@ def notes(ls: HtamServer, graph: Graph, offer: sg.Offer) -> list[str]:
             "changed since they were measured. Run a step again."
         )
     if offer.untimed and not offer.suggestions:
-        note = offer.untimed[-1].step.verdict.get("note") or "not timed here"
+        note = offer.untimed[-1].step.verdict.note or "not timed here"
         notes.append(f"Correct candidates, but {note}: nothing to compare, nothing offered.")
     closest = render.best_slower(offer.slower)
     if closest is not None and not offer.suggestions:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from htam_engine import events
-from htam_engine.report import format_bounded, format_duel, format_speedup
+from htam_engine.report import format_bounded, format_bounds, format_duel, format_speedup
 from htam_lsp.suggestions import StepRecord
 
 if TYPE_CHECKING:
@@ -47,11 +47,11 @@ def interval_text(record: StepRecord) -> str:
 
 def gain_text(record: StepRecord) -> str:
     """`1.46x faster than your code (95 % 1.41-1.52; 0.42 -> 0.29 ms; PyTorch 0.25 ms)`."""
-    estimate, _, bounds = interval_text(record).partition(" (")
+    bounds = format_bounds(record.bounds) if record.bounds is not None else NO_INTERVAL
     times = f"{_ms(record.start_ms)} -> {_ms(record.runtime_ms)} ms"
     if record.ref_ms is not None:
         times += f"; PyTorch {_ms(record.ref_ms)} ms"
-    return f"{estimate} faster than your code ({bounds.removesuffix(')')}; {times})"
+    return f"{format_speedup(record.speedup)} faster than your code ({bounds}; {times})"
 
 
 def below_text(record: StepRecord, threshold: float) -> str:
@@ -175,7 +175,7 @@ def strategy_notes(graph: Graph, step: events.Step) -> list[str]:
 
 def outcome(step: events.Step) -> str:
     """The step's status, with the engine's own reason when it failed."""
-    why = str(step.error.get("message") or "").strip().splitlines()
+    why = (step.error.message if step.error else "").strip().splitlines()
     return f"{step.status}: {why[0][:120]}" if why and not step.correct else step.status
 
 

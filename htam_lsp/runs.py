@@ -21,6 +21,7 @@ from lsprotocol import types as t
 from pygls.capabilities import get_capability
 
 from htam_engine import events, paths
+from htam_engine.evaluate.verdict import Verdict
 from htam_engine.report import format_speedup
 from htam_lsp import discovery, insight, render, status
 from htam_lsp import suggestions as sg
@@ -186,7 +187,7 @@ class Runs:
             best = offer.suggestions[0].record
             return f"best {render.gain_text(best)}; apply it from the code actions{tail}"
         if offer.untimed and not offer.slower:
-            note = offer.untimed[-1].step.verdict.get("note") or "not timed here"
+            note = offer.untimed[-1].step.verdict.note or "not timed here"
             return f"nothing to apply: correct, but {note}: no speedup to compare{tail}"
         closest = render.best_slower(offer.slower)
         if closest is not None:
@@ -255,9 +256,9 @@ class Runs:
         anchor = sg.anchor(begun.text, step.source, begun.kernels) if step.correct else None
         self.ls.records.add(job.uri, step, anchor, begun.hash)
         job.records.append(self.ls.records.history(job.uri)[-1].n)
-        line = step.error.get("line")
-        if not step.compiled and isinstance(line, int):
-            self.compile_errors[job.uri] = (step.source, line, str(step.error.get("message", "")))
+        error = step.error
+        if not step.compiled and error is not None and error.line is not None:
+            self.compile_errors[job.uri] = (step.source, error.line, error.message)
         elif step.compiled:
             self.compile_errors.pop(job.uri, None)
         self.ls.forget_graphs()
@@ -270,24 +271,32 @@ def _checked(
 ) -> tuple[str, str]:
     if job.cancel_requested:
         return "cancelled", "cancelled; the compile check was stopped"
-    try:
-        verdict = json.loads(out)
-    except ValueError:
+    verdict = _verdict(out)
+    if verdict is None:
         lines = tail.strip().splitlines()
         return (
             "failed",
             f"htam eval gave no verdict (exit code {code}): {lines[-1] if lines else ''}",
         )
-    error = verdict.get("error") or {}
-    if verdict.get("compiled"):
+    error = verdict.error
+    if verdict.compiled:
         runs.compile_errors.pop(job.uri, None)
-        return "done", f"it compiles: {error.get('message') or 'no error'}"
-    line = error.get("line")
-    if isinstance(line, int):
+        return "done", f"it compiles: {(error.message if error else '') or 'no error'}"
+    if error is not None and error.line is not None:
         source = data.decode("utf-8", "replace")
-        runs.compile_errors[job.uri] = (source, line, str(error.get("message", "")))
-    said = str(error.get("message") or "the compile check failed").strip().splitlines()
-    return "failed", f"{error.get('kind', 'compile_error')}: {': '.join(said[:2])}"
+        runs.compile_errors[job.uri] = (source, error.line, error.message)
+    said = ((error.message if error else "") or "the compile check failed").strip().splitlines()
+    kind = error.kind if error else "compile_error"
+    return "failed", f"{kind}: {': '.join(said[:2])}"
+
+
+def _verdict(out: bytes) -> Verdict | None:
+    """The verdict `htam eval --json` printed, or None where it printed none."""
+    try:
+        data = json.loads(out)
+        return Verdict.from_json(data) if isinstance(data, dict) else None
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def _kernel_ranges(doc: Document) -> list[tuple[int, int]]:

@@ -39,20 +39,6 @@ log = logging.getLogger(__name__)
 NAMESPACE = "lsp-suggestions"
 HISTORY_LIMIT = 50
 CONTEXT_LINES = 2  # around a change that touches no kernel
-VERDICT_KEYS = (
-    "compiled",
-    "correct",
-    "runtime_ms",
-    "ref_runtime_ms",
-    "speedup",
-    "device",
-    "error",
-    "suspect",
-    "inputs_checked",
-    "cached",
-    "sandbox",
-    "note",
-)
 # Edits whose result holds only on this machine or changes floating-point results.
 NON_PORTABLE = {
     "-march=native": re.compile(r"-march=native|-mtune=native"),
@@ -143,7 +129,7 @@ class StepRecord:
 
     @property
     def runtime_ms(self) -> float | None:
-        return _number(self.step.verdict.get("runtime_ms"))
+        return self.step.verdict.runtime_ms
 
     @property
     def start_ms(self) -> float | None:
@@ -153,11 +139,11 @@ class StepRecord:
 
     @property
     def ref_ms(self) -> float | None:
-        return _number(self.step.verdict.get("ref_runtime_ms"))
+        return self.step.verdict.ref_runtime_ms
 
     @property
     def inputs(self) -> int:
-        return int(self.step.verdict.get("inputs_checked") or 0)
+        return self.step.verdict.inputs_checked
 
     @property
     def non_portable(self) -> list[str]:
@@ -206,9 +192,9 @@ def run_bounds(
 
 
 def trimmed(step: events.Step) -> events.Step:
-    """The part of a `Step` event worth keeping: the source only for a correct candidate."""
-    verdict = {k: step.verdict[k] for k in VERDICT_KEYS if k in step.verdict}
-    return replace(step, verdict=verdict, source=step.source if step.correct else "")
+    """The part of a `Step` event worth keeping: the verdict without its raw measurements
+    (`Verdict.summary`), the source only for a correct candidate."""
+    return replace(step, verdict=step.verdict.summary(), source=step.source if step.correct else "")
 
 
 def anchor(start: str, candidate: str, kernels: Sequence[tuple[int, int]]) -> Anchor | None:

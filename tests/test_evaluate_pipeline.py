@@ -31,11 +31,12 @@ def test_correct_candidate_is_verified_and_timed():
     assert all(check.passed for check in verdict.checks)
     assert len(verdict.samples["candidate"]) >= 10 and len(verdict.samples["reference"]) >= 10
     assert verdict.runtime_ms and verdict.ref_runtime_ms and verdict.speedup
-    interval = verdict.interval  # paired: each timed input ran on both sides
-    assert interval["pairs"] == len(verdict.samples["candidate"])
-    assert interval["low"] <= verdict.speedup == interval["estimate"] <= interval["high"]
-    assert verdict.converged == (interval["within_run_half_width"] <= 0.05)
-    assert interval["half_width"] > interval["within_run_half_width"]  # run to run, too
+    interval, within = verdict.interval, verdict.within_run_half_width
+    assert interval is not None and within is not None
+    assert interval.pairs == len(verdict.samples["candidate"])  # each input ran on both sides
+    assert interval.low <= verdict.speedup == interval.estimate <= interval.high
+    assert verdict.converged == (within <= 0.05)
+    assert interval.half_width > within  # run to run, too
     assert verdict.threads == 1 and set(verdict.load) == {"before", "after", "cores"}
     assert verdict.noisy == (
         not verdict.converged

@@ -17,7 +17,7 @@ import pytest
 from htam_engine.evaluate import Limits, cache, evaluate
 from htam_engine.evaluate.runner import _judged, run_candidate
 from htam_engine.evaluate.sandbox import sandbox_mode
-from htam_engine.evaluate.verdict import Verdict
+from htam_engine.evaluate.verdict import Check, Verdict
 from htam_engine.task import TaskError, allowed_ops, load_task, parse_allow_torch, with_policy
 
 POLICY = Path(__file__).parent / "fixtures" / "policy"
@@ -76,7 +76,7 @@ def test_the_policy_is_part_of_the_cache_key() -> None:
 def test_a_worker_claiming_ops_outside_the_policy_is_a_forged_report() -> None:
     task = with_policy(load_task(FUSED), allow_torch="mm")
     verdict = Verdict()
-    claim = {"name": "runtime.allowed_torch_ops", "passed": True, "detail": "mm,relu"}
+    claim = Check("runtime.allowed_torch_ops", True, "mm,relu")
     failed = _judged(verdict, task, [claim])
     assert [c.name for c in failed] == ["runtime.allowed_torch_ops"]
     assert "relu" in failed[0].detail and verdict.torch_ops == ["mm"]

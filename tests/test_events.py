@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from htam_engine import events
+from htam_engine.evaluate.verdict import Duel, ErrorKind, EvalError, Verdict
+from htam_engine.stats import Interval
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,8 +30,9 @@ def test_every_kind_round_trips_through_its_wire_form() -> None:
             1.5,
             {"chosen": "g"},
             {},
-            {"correct": True, "speedup": 2.0},
+            Verdict(compiled=True, correct=True, speedup=2.0),
             "src",
+            versus_best=Duel.pooled(Interval(1.1, 1.05, 1.15, 80), confirmed=True, duels=2),
         ),
         events.Result("run", "softmax", True, 1.5, 0.4, 2, "completed", "out"),
         events.Failed("no such file", "user_error"),
@@ -51,9 +54,20 @@ def test_step_fields_the_server_reads() -> None:
         "incorrect",
         -1.0,
         None,
-        verdict={"correct": False, "speedup": 9.0, "error": {"line": 3}},
+        verdict=Verdict(speedup=9.0, error=EvalError(ErrorKind.INCORRECT, "wrong", line=3)),
     )
-    assert not step.correct and step.ref_speedup is None and step.error == {"line": 3}
+    assert not step.correct and step.ref_speedup is None
+    assert step.error is not None and step.error.line == 3
+
+
+def test_a_step_of_an_older_engine_reads_with_defaults() -> None:
+    """What older versions stored (a partial verdict, no duel) still reads."""
+    wire = {"event": "step", "step": 1, "global": "g", "local": "l", "reason": ""}
+    wire |= {"status": "incorrect", "reward": -1.0, "speedup": None, "versus_best": {}}
+    wire["verdict"] = {"compiled": True, "correct": False, "error": None, "retired": 1}
+    step = events.from_json(wire)
+    assert isinstance(step, events.Step)
+    assert step.verdict == Verdict(compiled=True) and step.versus_best is None
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,12 @@ turn, and the checks that keep code that cannot run from ever being compiled."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from helpers.llm_api_server import Reply, ScriptedAPIServer, sdk_provider
 
+from htam_engine.evaluate.verdict import Verdict
 from htam_engine.llm import (
     LIMITS,
     Attempt,
@@ -124,9 +124,10 @@ def test_k_must_be_positive(server: ScriptedAPIServer) -> None:
         generate_candidates(sdk_provider("openai", server), "s", "p", "python", k=0)
 
 
-def verdict(kind: str, excerpt: str = "", checks: list[dict[str, Any]] | None = None) -> dict:
+def verdict(kind: str, excerpt: str = "", checks: list[dict[str, Any]] | None = None) -> Verdict:
     error = {"kind": kind, "message": f"{kind} happened", "excerpt": excerpt, "line": 7}
-    return {"compiled": kind != "compile_error", "correct": False, "error": error, "checks": checks}
+    data = {"compiled": kind != "compile_error", "correct": False, "error": error}
+    return Verdict.from_json({**data, "checks": checks})
 
 
 @pytest.mark.parametrize(
@@ -145,7 +146,7 @@ def test_which_failures_get_a_repair_turn(kind: str, repairable: bool) -> None:
 
 
 def test_a_correct_verdict_needs_no_repair() -> None:
-    assert needs_repair({"compiled": True, "correct": True, "error": None}) is False
+    assert needs_repair(Verdict(compiled=True, correct=True)) is False
 
 
 def test_the_failure_text_has_the_excerpt_and_the_failed_checks() -> None:
@@ -184,18 +185,8 @@ def test_the_repair_turn_shows_the_failure_and_asks_for_a_fixed_file(
     assert count_tokens(prompt) < sum(BUDGET.values())
 
 
-@dataclass(frozen=True)
-class Judgement:
-    """What the tests' judge returns: like the evaluator's Verdict, it has `to_json`."""
-
-    data: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return self.data
-
-
-def judge(code: str) -> Judgement:
-    return Judgement(judge_json(code))
+def judge(code: str) -> Verdict:
+    return Verdict.from_json(judge_json(code))
 
 
 def judge_json(code: str) -> dict[str, Any]:
@@ -269,7 +260,7 @@ def test_the_repair_turn_can_be_off(server: ScriptedAPIServer) -> None:
 
 
 def test_best_of_keeps_the_fastest_correct_then_the_first_judged() -> None:
-    def made(n: int | None) -> Attempt[Judgement]:
+    def made(n: int | None) -> Attempt:
         code = MODEL_NEW.format(n=n) if n is not None else None
         return Attempt(code, judge(code) if code else None, "" if code else "no code", ())
 
@@ -277,5 +268,7 @@ def test_best_of_keeps_the_fastest_correct_then_the_first_judged() -> None:
     assert best_of([wrong, slow, empty]) is slow
     assert best_of([wrong, empty]) is wrong
     assert best_of([empty]) is None
-    faster = Attempt(slow.code, Judgement({**judge_json(str(slow.code)), "speedup": 9.0}), "", ())
+    faster = Attempt(
+        slow.code, Verdict.from_json({**judge_json(str(slow.code)), "speedup": 9.0}), "", ()
+    )
     assert best_of([slow, faster]) is faster

@@ -214,14 +214,16 @@ def test_a_strategy_that_failed_is_not_tried_again_in_the_run(task: Path, tmp_pa
         usable, state, random.Random(0), EvidenceLocalSelector(), runnable
     )
     assert runnable[decision.local_id] is None
-    optimizer._learn(decision, Status.COMPILE_ERROR, {"compiled": False}, None, source)
+    from htam_engine.evaluate import Verdict
+
+    optimizer._learn(decision, Status.COMPILE_ERROR, Verdict(), None, source)
     later = optimizer._applicability(graph, source + "\n// another version\n")
     assert later[decision.local_id] == "failed earlier in this run (compile_error)"
 
 
 def test_a_suspect_speedup_never_becomes_the_best(task: Path, tmp_path: Path) -> None:
     from htam_engine.evaluate import EvalError, Verdict
-    from htam_engine.loop import FAILED_KINDS, LoopConfig, Optimizer
+    from htam_engine.loop import LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
     from htam_engine.task import load_task
     from htam_engine.vocabulary import Status
@@ -236,9 +238,11 @@ def test_a_suspect_speedup_never_becomes_the_best(task: Path, tmp_path: Path) ->
     suspect = Verdict(**timed, speedup=20.0, suspect=True)
     assert optimizer._status(honest) == (Status.IMPROVED, 4.0)
     assert optimizer._status(suspect) == (Status.NOT_IMPROVED, 40.0)
-    for kind in ("cheating", "not_custom_kernel", "crash", "runtime_error"):
+    for kind in ("cheating", "not_custom_kernel", "crash", "runtime_error", "oom", "cuda_error"):
         failed = Verdict(compiled=True, error=EvalError(kind, "it failed"))
-        assert optimizer._status(failed)[0] == FAILED_KINDS.get(kind, Status.INCORRECT)
+        assert optimizer._status(failed)[0] == Status(kind)  # a status of its own
+    wrong = Verdict(compiled=True, error=EvalError("incorrect", "expected 1.0, got 0.69"))
+    assert optimizer._status(wrong)[0] == Status.INCORRECT
     untimed = Verdict(compiled=True, correct=True, note="not timed: Triton interpreter")
     assert optimizer._status(untimed) == (Status.NOT_IMPROVED, None)
 
@@ -278,18 +282,20 @@ def test_an_ambiguous_duel_is_timed_again_and_pooled(
         speedup = duels[len(asked) - 1]
         within = Interval(speedup, speedup * 0.99, speedup * 1.01, 40)  # +-1 % in the run
         between = within.with_run_to_run(RUN_TO_RUN_CV["cpu"])
-        interval = {**between.to_json(), "within_run_half_width": within.half_width}
         timed = {"compiled": True, "correct": True, "runtime_ms": 1.0, "device": "cpu"}
-        return Verdict(**timed, speedup=speedup, interval=interval)
+        return Verdict(
+            **timed, speedup=speedup, interval=between, within_run_half_width=within.half_width
+        )
 
     monkeypatch.setattr(loop, "compare", compare)
     store = MemoryStore(tmp_path / "home")
     config = loop.LoopConfig(steps=1, device="cpu")
     optimizer = loop.Optimizer(load_task(task), "", provider=None, store=store, config=config)
     status, speedup, summary = optimizer._settle(1, "candidate", "g", "l")
-    assert summary["duels"] == len(asked) == runs
+    assert summary.duels == len(asked) == runs
     assert asked == list(range(runs)), "each run is its own run, never one cached run again"
-    assert summary["confirmed"] is confirmed
+    assert summary.confirmed is confirmed
     assert status == (Status.IMPROVED if confirmed else Status.NOT_IMPROVED)
     assert speedup == pytest.approx(math.prod(duels) ** (1 / runs))
-    assert summary["low"] < speedup < summary["high"]
+    assert summary.low is not None and summary.high is not None
+    assert summary.low < speedup < summary.high

@@ -23,6 +23,7 @@ from lsprotocol import types as t
 from pytest_lsp import LanguageClient, client_capabilities
 
 from htam_engine import events
+from htam_engine.evaluate.verdict import Verdict
 from htam_engine.memory import load_seed
 from htam_engine.policy import PolicyConfig, make_prefix, select_global
 from htam_engine.state import State
@@ -44,14 +45,14 @@ def step_event(global_id: str, local: str, speedup: float, source: str) -> event
     state = State("cuda", "elementwise", "cuda:elementwise:scale", {"no_shared_memory"})
     config = PolicyConfig()
     decision = select_global(graph, make_prefix([], config.K), state, config, random.Random(0))
-    verdict = {
-        "compiled": True,
-        "correct": True,
-        "speedup": 2.5,
-        "runtime_ms": 0.5,
-        "ref_runtime_ms": 1.25,
-        "inputs_checked": 3,
-    }
+    verdict = Verdict(
+        compiled=True,
+        correct=True,
+        speedup=2.5,
+        runtime_ms=0.5,
+        ref_runtime_ms=1.25,
+        inputs_checked=3,
+    )
     return events.Step(
         step=1,
         global_id=global_id,

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from htam_engine import events
+from htam_engine.evaluate.verdict import Verdict
 from htam_lsp import render
 from htam_lsp import suggestions as sg
 from htam_lsp.diagnostics import map_line
@@ -136,7 +137,7 @@ def test_non_portable_edits_are_named():
 
 
 def _step(speedup: float, source: str) -> events.Step:
-    verdict = {"compiled": True, "correct": True, "speedup": 2.0, "runtime_ms": 1.0}
+    verdict = Verdict(compiled=True, correct=True, speedup=2.0, runtime_ms=1.0)
     return events.Step(1, "g", "l", "why", "improved", 0.5, speedup, verdict=verdict, source=source)
 
 
@@ -174,7 +175,7 @@ def test_the_runs_best_step_takes_the_engines_paired_speedup_and_bounds():
     bounds replace the best step's ratio estimate; the other steps have no interval."""
 
     def timed(n: int, over_start: float) -> sg.StepRecord:
-        verdict = {"compiled": True, "correct": True, "speedup": over_start / 2}
+        verdict = Verdict(compiled=True, correct=True, speedup=over_start / 2)
         step = events.Step(n, "g", f"l{n}", "", "improved", 0.1, over_start, verdict=verdict)
         return sg.StepRecord(10 + n, step, 0.0, sg.Anchor("a", "b"))
 

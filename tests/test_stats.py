@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
-from htam_engine.stats import Z95, paired_speedup, pooled
+from htam_engine.stats import Z95, Interval, paired_speedup, pooled
 
 
 def noisy_pairs(speedup: float, n: int, noise: float, seed: int) -> tuple[list[float], list[float]]:
@@ -54,25 +55,27 @@ def test_unpaired_or_impossible_times_are_rejected(ref: list[float], cand: list[
 
 
 def test_an_interval_is_shown_with_its_flags() -> None:
+    from htam_engine.evaluate.verdict import Verdict
     from htam_engine.report import format_interval
 
-    interval = {"estimate": 1.46, "low": 1.41, "high": 1.52}
-    assert format_interval({"correct": True, "interval": interval}) == "1.46x (95 % 1.41-1.52)"
-    noisy = {"correct": True, "interval": interval, "noisy": True, "suspect": True}
+    interval = Interval(1.46, 1.41, 1.52, 40)
+    assert format_interval(Verdict(correct=True, interval=interval)) == "1.46x (95 % 1.41-1.52)"
+    noisy = Verdict(correct=True, interval=interval, noisy=True, suspect=True)
     assert format_interval(noisy) == "1.46x (95 % 1.41-1.52) noisy suspect"
-    assert format_interval({"correct": False, "interval": interval}) == "-"
-    assert format_interval({"correct": True, "note": "not timed"}) == "-"
+    assert format_interval(Verdict(interval=interval)) == "-"
+    assert format_interval(Verdict(correct=True, note="not timed")) == "-"
 
 
 def test_a_duel_is_shown_with_its_runs_or_why_it_failed() -> None:
+    from htam_engine.evaluate.verdict import Duel, ErrorKind
     from htam_engine.report import format_duel
 
-    once = {"speedup": 1.05, "low": 0.99, "high": 1.11, "confirmed": False, "duels": 1}
+    once = Duel.pooled(Interval(1.05, 0.99, 1.11, 40), confirmed=False, duels=1)
     assert format_duel(once) == "1.05x (95 % 0.99-1.11)"
-    assert format_duel({**once, "duels": 3}) == "1.05x (95 % 0.99-1.11), 3 runs"
-    assert format_duel({"error": "crash"}) == "failed (crash)"
-    assert format_duel({"error": ""}) == "failed (no timing)"
-    assert format_duel({}) == "-"
+    assert format_duel(replace(once, duels=3)) == "1.05x (95 % 0.99-1.11), 3 runs"
+    assert format_duel(Duel.failed(ErrorKind.CRASH)) == "failed (crash)"
+    assert format_duel(Duel.failed(None)) == "failed (no timing)"
+    assert format_duel(None) == "-"
 
 
 def test_an_interval_stays_honest_when_the_machine_state_lasts_several_pairs() -> None:

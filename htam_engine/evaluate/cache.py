@@ -116,11 +116,6 @@ def key(
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def _sandbox(verdict: Verdict) -> str:
-    """The sandbox mode the verdict says its candidate ran in."""
-    return str(verdict.to_json().get("sandbox", UNSANDBOXED))
-
-
 def usable_as_baseline(verdict: Verdict) -> bool:
     """May other speedups be measured against `verdict` (the start, the best so far)?
 
@@ -135,7 +130,7 @@ def usable_as_baseline(verdict: Verdict) -> bool:
         return False
     if not verdict.runtime_ms or verdict.runtime_ms <= 0 or not verdict.speedup:
         return False
-    return not verdict.cached or _sandbox(verdict) != UNSANDBOXED
+    return not verdict.cached or verdict.sandbox != UNSANDBOXED
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from htam_engine.errors import UserError
+from htam_engine.evaluate.verdict import Verdict
 from htam_engine.task import SCALED_SIZES, Task, guess_backend, load_task, parse_directive
 from htam_engine.task import with_policy as _with_policy
 from htam_engine.vocabulary import kind_of
@@ -53,33 +54,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _human(verdict: dict) -> str:
-    error = verdict["error"]
+def _human(verdict: Verdict) -> str:
+    error = verdict.error
     if error:
-        text = f"{error['kind']}: {error['message']}"
-        return f"{text}\n{error['excerpt']}" if error["excerpt"] else text
-    if verdict["runtime_ms"] is None:  # correct, not timed (Triton's interpreter)
-        return f"correct on {verdict['inputs_checked']} input sets; {verdict['note']}" + _notes(
-            verdict
-        )
-    speed = f"{verdict['speedup']:.3f}x" if verdict["speedup"] else "?"
-    flag = " (suspect: review before trusting)" if verdict["suspect"] else ""
+        text = f"{error.kind}: {error.message}"
+        return f"{text}\n{error.excerpt}" if error.excerpt else text
+    if verdict.runtime_ms is None:  # correct, not timed (Triton's interpreter)
+        return f"correct on {verdict.inputs_checked} input sets; {verdict.note}" + _notes(verdict)
+    speed = f"{verdict.speedup:.3f}x" if verdict.speedup else "?"
+    flag = " (suspect: review before trusting)" if verdict.suspect else ""
+    reference = f"{verdict.ref_runtime_ms:.4f}" if verdict.ref_runtime_ms is not None else "?"
     return (
-        f"correct on {verdict['inputs_checked']} input sets; {verdict['runtime_ms']:.4f} ms vs "
-        f"reference {verdict['ref_runtime_ms']:.4f} ms on {verdict['device']}: {speed}{flag}"
-        + (" [cached]" if verdict["cached"] else "")
+        f"correct on {verdict.inputs_checked} input sets; {verdict.runtime_ms:.4f} ms vs "
+        f"reference {reference} ms on {verdict.device}: {speed}{flag}"
+        + (" [cached]" if verdict.cached else "")
         + _notes(verdict)
     )
 
 
-def _notes(verdict: dict) -> str:
+def _notes(verdict: Verdict) -> str:
     """What the number was measured under: allowed library ops, a shrunk problem."""
     notes = []
-    if verdict.get("torch_ops"):
-        notes.append(f"torch computed (allowed): {', '.join(verdict['torch_ops'])}")
-    if verdict.get("scaled"):
-        sizes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in verdict["scaled"]["sizes"].items())
-        notes.append(f"problem scaled by {verdict['scaled']['factor']:g} ({sizes})")
+    if verdict.torch_ops:
+        notes.append(f"torch computed (allowed): {', '.join(verdict.torch_ops)}")
+    if verdict.scaled:
+        sizes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in verdict.scaled["sizes"].items())
+        notes.append(f"problem scaled by {verdict.scaled['factor']:g} ({sizes})")
     return "".join(f"\n{note}" for note in notes)
 
 
@@ -93,13 +93,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot read candidate {args.candidate}: {error}") from None
     if task.impl_path is None or task.impl_path.resolve() != args.candidate.resolve():
         task = _with_candidate(task, args.candidate, candidate)
-    verdict = evaluate(task, candidate, device=args.device, use_cache=not args.no_cache).to_json()
+    verdict = evaluate(task, candidate, device=args.device, use_cache=not args.no_cache)
     if args.json:
-        json.dump(verdict, sys.stdout)
+        json.dump(verdict.to_json(), sys.stdout)
         sys.stdout.write("\n")
     else:
         print(_human(verdict), file=sys.stderr)
-    return 0 if verdict["correct"] else 1
+    return 0 if verdict.correct else 1
 
 
 def _with_candidate(task: Task, path: Path, source: str) -> Task:

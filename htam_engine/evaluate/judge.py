@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from htam_engine import stats, triton_backend
-from htam_engine.evaluate import accounting, common, sandbox
+from htam_engine.evaluate import accounting, common, protocol, sandbox
 from htam_engine.evaluate.process import (
     Child,
     Stop,
@@ -47,6 +47,7 @@ from htam_engine.evaluate.process import (
     signal_all,
     thaw,
 )
+from htam_engine.evaluate.verdict import Check
 
 Outputs = list[torch.Tensor]
 ROLES = ("reference", "candidate")
@@ -287,8 +288,8 @@ class Judge:
         self.compare = False
 
     # the caller's channel -------------------------------------------------------------
-    def emit(self, **event: Any) -> None:
-        print(json.dumps({**event, "token": self.token}), flush=True)
+    def emit(self, message: protocol.Message) -> None:
+        print(json.dumps({**protocol.encode(message), "token": self.token}), flush=True)
 
     def wait_caller(self, command: str) -> None:
         if sys.stdin.readline().strip() != command:
@@ -615,28 +616,29 @@ class Judge:
     # the whole evaluation -------------------------------------------------------------
     def run(self) -> None:
         self.load()
-        self.emit(event="compiled", sandbox=sandbox.sandbox_mode())
-        self.wait_caller("verify")
+        self.emit(protocol.Compiled(sandbox.sandbox_mode()))
+        self.wait_caller(protocol.VERIFY)
         self.verify_all()
         runtime = self.report()
         count = [c for c in self.timing.as_list() if c["name"] == "timing.call_count"]
         checks = self.verify.as_list() + runtime + count
-        self.emit(event="verified", checks=checks, sets=len(self.sets))
-        self.wait_caller("time")
+        self.emit(protocol.Verified(_checks(checks), len(self.sets)))
+        self.wait_caller(protocol.TIME)
         with timing_lock(self.device.type):
-            self.emit(event="timing")
+            self.emit(protocol.Timing())
             reference, candidate, share = self.time_all()
         for side in self.sides.values():
             self._leftovers(side)
         checks = self.timing.as_list() + self.report()
         self.emit(
-            event="timed",
-            ref=reference,
-            cand=candidate,
-            harness_ms=share,
-            accounting=self.accounting,
-            checks=checks,
-            threads=self.job["threads"],
+            protocol.Timed(
+                ref=reference,
+                cand=candidate,
+                harness_ms=share,
+                checks=_checks(checks),
+                threads=int(self.job["threads"]),
+                accounting=self.accounting,
+            )
         )
 
     def _leftovers(self, side: Side) -> None:
@@ -644,6 +646,10 @@ class Judge:
         extra = side.child.pending()
         if extra:
             self.timing.fail("timing.call_count", side.role, f"{len(extra)} unasked reports")
+
+
+def _checks(raw: list[dict[str, Any]]) -> list[Check]:
+    return [Check.from_json(check) for check in raw]
 
 
 def _close(sides: dict[str, Side], reap: bool = True) -> None:
@@ -675,15 +681,15 @@ def main(jobdir: Path) -> None:
         sides.update((role, Side(role, jobdir, standby)) for role in ROLES)
         judge = Judge(jobdir, standby, token, sides)
         judge.prepare()
-        if sys.stdin.readline().strip() != "job":
+        if sys.stdin.readline().strip() != protocol.JOB:
             raise SystemExit(0)
         judge.take(json.loads((jobdir / "job.json").read_text()))
         judge.run()
     except SystemExit:
         pass
     except Stop as stop:
-        event = {"kind": stop.kind, "message": stop.message, "log": stop.log, "line": stop.line}
-        print(json.dumps({"event": "error", **event, "token": token}), flush=True)
+        failed = protocol.Failed(stop.kind, stop.message, stop.log, stop.line)
+        print(json.dumps({**protocol.encode(failed), "token": token}), flush=True)
     finally:
         _close(sides)
 

@@ -23,12 +23,19 @@ from typing import Any
 
 from htam_engine import stats, triton_backend
 from htam_engine.errors import UserError
-from htam_engine.evaluate import cache, excerpt, standby
+from htam_engine.evaluate import cache, excerpt, protocol, standby
 from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
 from htam_engine.evaluate.process import Child, Stop
 from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.evaluate.static import static_checks
-from htam_engine.evaluate.verdict import SUSPECT_SPEEDUP, Check, EvalError, Limits, Verdict
+from htam_engine.evaluate.verdict import (
+    SUSPECT_SPEEDUP,
+    Check,
+    ErrorKind,
+    EvalError,
+    Limits,
+    Verdict,
+)
 from htam_engine.task import Task, allowed_ops, guess_backend
 from htam_engine.vocabulary import TORCH_OP_GROUPS
 
@@ -45,7 +52,7 @@ RUN_TO_RUN_CV = {"cpu": 0.045, "cuda": 0.01}
 LOCK_WAIT_S = 3600.0  # others' timings are bounded; waiting for them is no candidate's fault
 # Not the candidate's doing: a reference that fails today (out of memory, a fixed bug)
 # may run tomorrow, and a cancelled or timed-out evaluation said nothing.
-_UNCACHED = ("cancelled", "timeout", "reference_error")
+_UNCACHED = (ErrorKind.CANCELLED, ErrorKind.TIMEOUT, ErrorKind.REFERENCE_ERROR)
 _INCORRECT = frozenset({"output.shape", "output.dtype", "output.finite", "output.values"})
 _NOT_CUSTOM = frozenset(
     {"runtime.torch_ops", "runtime.library", "static.torch_compute", "static.triton_launch"}
@@ -107,7 +114,7 @@ def evaluate(
         incumbent,
     )
     # Written even when not read: a re-measurement replaces the verdict it re-measured.
-    if verdict.error is None or verdict.error.kind not in _UNCACHED:
+    if verdict.error_kind not in _UNCACHED:
         cache.put(key, verdict, sandbox=verdict.sandbox)
     return verdict
 
@@ -125,9 +132,9 @@ def pooled_interval(verdicts: list[Verdict]) -> stats.Interval:
     """One interval from timed verdicts of the same candidate (or pair) in separate runs:
     the run-to-run spread that widens each one shrinks as the runs are averaged."""
     runs = [
-        (v.speedup, v.interval["within_run_half_width"], int(v.interval["pairs"]))
+        (v.speedup, v.within_run_half_width, v.interval.pairs)
         for v in verdicts
-        if v.speedup and v.interval
+        if v.speedup and v.interval and v.within_run_half_width is not None
     ]
     return stats.pooled(runs, RUN_TO_RUN_CV.get(verdicts[0].device, 0.0))
 
@@ -153,7 +160,7 @@ def _evaluate(
     failed = [check for check in verdict.checks if not check.passed]
     if failed:
         kinds = {_kind(check.name) for check in failed}
-        kind = "cheating" if "cheating" in kinds else kinds.pop()
+        kind = ErrorKind.CHEATING if ErrorKind.CHEATING in kinds else kinds.pop()
         chosen = [c for c in failed if _kind(c.name) == kind]
         _fail(verdict, kind, chosen, source, task.allow_torch)
         return verdict
@@ -179,7 +186,7 @@ def run_candidate(
     on_phase("compile")
     with standby.judge_for(_ahead(task, verdict.device, limits), task.reference_source) as started:
         _write_job(started, task, source, incumbent)
-        started.judge.send("job")
+        started.judge.send(protocol.JOB)
         try:
             _phases(started.judge, task, verdict, limits, cancel, on_phase)
         except Stop as stop:
@@ -209,13 +216,17 @@ def _ahead(task: Task, device: str, limits: Limits) -> dict[str, Any]:
 
 
 def _fail(
-    verdict: Verdict, kind: str, failed: list[Check], source: str, policy: tuple[str, ...] = ()
+    verdict: Verdict,
+    kind: ErrorKind,
+    failed: list[Check],
+    source: str,
+    policy: tuple[str, ...] = (),
 ) -> None:
     names = ", ".join(check.name for check in failed)
     detail = failed[0].detail
     line = excerpt.first_line_number(detail)
     message = f"{names}: {detail}"[:600]
-    if kind == "not_custom_kernel":
+    if kind == ErrorKind.NOT_CUSTOM_KERNEL:
         message += allow_hint(failed, policy)
     verdict.error = EvalError(kind, message, excerpt.around(source, line), line)
     verdict.correct = False
@@ -277,7 +288,7 @@ def _compile_only(task: Task, source: str, verdict: Verdict, limits: Limits) -> 
                 f"{where}: {display_name(task)} compiled with nvcc -arch={ARCH} only (a "
                 "compile check), nothing timed"
             )
-    verdict.error = EvalError("no_gpu", message)
+    verdict.error = EvalError(ErrorKind.NO_GPU, message)
     return verdict
 
 
@@ -314,10 +325,9 @@ def _timed(verdict: Verdict, phase: str, start: float) -> None:
     verdict.phase_seconds[phase] = round(time.monotonic() - start, 3)
 
 
-def _merge(verdict: Verdict, checks: list[dict]) -> list[Check]:
-    """Add `checks` to the verdict's, by name (a failure is never replaced); the new
+def _merge(verdict: Verdict, new: list[Check]) -> list[Check]:
+    """Add `new` checks to the verdict's, by name (a failure is never replaced); the new
     failures."""
-    new = [Check(**check) for check in checks]
     by_name = {check.name: check for check in verdict.checks}
     for check in new:
         if check.name not in by_name or by_name[check.name].passed:
@@ -326,7 +336,7 @@ def _merge(verdict: Verdict, checks: list[dict]) -> list[Check]:
     return [check for check in new if not check.passed]
 
 
-def _judged(verdict: Verdict, task: Task, checks: list[dict]) -> list[Check]:
+def _judged(verdict: Verdict, task: Task, checks: list[Check]) -> list[Check]:
     """`_merge`, then the policy judged here: the allowed ops the worker says it ran are
     recorded in `torch_ops`, and a claim outside this side's policy is a forged report."""
     failed = _merge(verdict, checks)
@@ -348,18 +358,19 @@ def _raise_failed(failed: list[Check], policy: tuple[str, ...] = ()) -> None:
     if not failed:
         return
     kinds = [_kind(check.name) for check in failed]
-    kind = next((k for k in ("cheating", "not_custom_kernel") if k in kinds), "incorrect")
+    order = (ErrorKind.CHEATING, ErrorKind.NOT_CUSTOM_KERNEL)
+    kind = next((k for k in order if k in kinds), ErrorKind.INCORRECT)
     chosen = [c for c, k in zip(failed, kinds, strict=True) if k == kind]
     message = "; ".join(f"{c.name}: {c.detail}" for c in chosen)[:600]
-    if kind == "not_custom_kernel":
+    if kind == ErrorKind.NOT_CUSTOM_KERNEL:
         message += allow_hint(chosen, policy)
     raise Stop(kind, message)
 
 
-def _kind(name: str) -> str:
+def _kind(name: str) -> ErrorKind:
     if name in _NOT_CUSTOM:
-        return "not_custom_kernel"
-    return "incorrect" if name in _INCORRECT else "cheating"
+        return ErrorKind.NOT_CUSTOM_KERNEL
+    return ErrorKind.INCORRECT if name in _INCORRECT else ErrorKind.CHEATING
 
 
 def _phases(
@@ -370,36 +381,39 @@ def _phases(
     cancel: threading.Event,
     on_phase: Callable[[str], None],
 ) -> None:
+    def answer(kind: type[protocol.M], limit_s: float, phase: str) -> protocol.M:
+        return protocol.decode(judge.wait_for(kind.EVENT, limit_s, phase, cancel), kind)
+
     start = time.monotonic()
-    compiled = judge.wait_for("compiled", limits.compile_s + limits.verify_s, "compile", cancel)
+    compiled = answer(protocol.Compiled, limits.compile_s + limits.verify_s, "compile")
     verdict.compiled = True
-    verdict.sandbox = str(compiled.get("sandbox"))
+    verdict.sandbox = compiled.sandbox
     _timed(verdict, "compile", start)
     on_phase("verify")
     start = time.monotonic()
-    judge.send("verify")
-    verified = judge.wait_for("verified", limits.verify_s, "verify", cancel)
+    judge.send(protocol.VERIFY)
+    verified = answer(protocol.Verified, limits.verify_s, "verify")
     _timed(verdict, "verify", start)
-    verdict.inputs_checked = int(verified["sets"])
-    _raise_failed(_judged(verdict, task, verified["checks"]), task.allow_torch)
+    verdict.inputs_checked = verified.sets
+    _raise_failed(_judged(verdict, task, verified.checks), task.allow_torch)
     verdict.correct = True
     if note := triton_backend.timing_note(task.backend, verdict.device):
         verdict.note = note  # interpreter times say nothing about the kernel
         return
     on_phase("time")
-    judge.send("time")
-    judge.wait_for("timing", LOCK_WAIT_S, "the wait for the timing lock", cancel)
+    judge.send(protocol.TIME)
+    answer(protocol.Timing, LOCK_WAIT_S, "the wait for the timing lock")
     load_before = os.getloadavg()[0]
     start = time.monotonic()
     try:
-        timed = judge.wait_for("timed", limits.time_s, "time", cancel)
+        timed = answer(protocol.Timed, limits.time_s, "time")
     finally:
         _timed(verdict, "time", start)  # how long it held the timing lock, even if it failed
-    verdict.threads = int(timed["threads"])
-    _raise_failed(_judged(verdict, task, timed["checks"]), task.allow_torch)
-    _record_timing(verdict, timed["ref"], timed["cand"])
-    verdict.spread["harness_ms"] = float(timed["harness_ms"])
-    verdict.spread.update(timed.get("accounting", {}))  # what neighbours took (CPU)
+    verdict.threads = timed.threads
+    _raise_failed(_judged(verdict, task, timed.checks), task.allow_torch)
+    _record_timing(verdict, timed.ref, timed.cand)
+    verdict.spread["harness_ms"] = timed.harness_ms
+    verdict.spread.update(timed.accounting)  # what neighbours took (CPU)
     _record_conditions(verdict, load_before, TARGET_HALF_WIDTH.get(verdict.device, 0.05))
 
 
@@ -420,7 +434,7 @@ def _record_timing(verdict: Verdict, ref: list[float], cand: list[float]) -> Non
     within = stats.paired_speedup(ref, cand)
     between = within.with_run_to_run(RUN_TO_RUN_CV.get(verdict.device, 0.0))
     verdict.speedup = within.estimate
-    verdict.interval = {**between.to_json(), "within_run_half_width": within.half_width}
+    verdict.interval, verdict.within_run_half_width = between, within.half_width
     verdict.suspect = verdict.speedup > SUSPECT_SPEEDUP
 
 
@@ -431,8 +445,10 @@ def _record_conditions(verdict: Verdict, load_before: float, target: float) -> N
     if verdict.device == "cuda":
         load.update(gpu_clocks())
     verdict.load = load
-    within = verdict.interval.get("within_run_half_width", float("inf"))
-    verdict.converged = within <= target  # the pairs' own interval reached the target
+    within = verdict.within_run_half_width
+    verdict.converged = (
+        within is not None and within <= target
+    )  # the pairs' own interval reached the target
     # No convergence, or more runnable work than cores besides this timing: noisy.
     verdict.noisy = not verdict.converged or max(load["before"], load["after"]) > cores
 
@@ -462,8 +478,9 @@ def gpu_clocks() -> dict[str, float]:
 def _error(verdict: Verdict, stop: Stop, source: str) -> Verdict:
     line = excerpt.line_from_log(stop.log, source) or stop.line
     message = stop.message
-    if stop.kind == "compile_error" and stop.log:
+    kind = ErrorKind(stop.kind)
+    if kind == ErrorKind.COMPILE_ERROR and stop.log:
         message = f"{message}\n{excerpt.first_error(stop.log)}".strip()
-    verdict.error = EvalError(stop.kind, message[:1200], excerpt.around(source, line), line)
+    verdict.error = EvalError(kind, message[:1200], excerpt.around(source, line), line)
     verdict.correct = False
     return verdict

@@ -1,25 +1,34 @@
-"""What one evaluation says: the `Verdict`, its checks and its error."""
+"""What one evaluation says: the `Verdict`, its checks, its error and its intervals.
+
+The one place a verdict becomes JSON and JSON a verdict (`to_json`/`from_json` on each
+type): the CLI's `--json` document, the verdict cache's rows, the event stream and the
+editor's stored history are all written and read here. `from_json` reads what older
+versions wrote too: a missing field takes its default, an unknown key is ignored.
+Dependency-free (the vocabulary and `stats` only): the language server imports it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-# every `EvalError.kind` the evaluator produces
-ERROR_KINDS = (
-    "compile_error",
-    "runtime_error",
-    "incorrect",
-    "timeout",
-    "crash",
-    "oom",
-    "cuda_error",
-    "cheating",
-    "not_custom_kernel",
-    "cancelled",
-    "no_gpu",
-    "reference_error",  # the reference itself fails: no candidate's fault, nothing learned
-)
+from htam_engine.stats import Interval
+from htam_engine.vocabulary import UNRUNNABLE, ErrorKind
+
+__all__ = [
+    "ERROR_KINDS",
+    "SUSPECT_SPEEDUP",
+    "UNRUNNABLE",
+    "Check",
+    "Duel",
+    "ErrorKind",
+    "EvalError",
+    "Limits",
+    "Verdict",
+]
+
+ERROR_KINDS: tuple[str, ...] = tuple(kind.value for kind in ErrorKind)
 SUSPECT_SPEEDUP = 10.0
 
 
@@ -40,17 +49,50 @@ class Check:
     passed: bool
     detail: str = ""
 
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Check:
+        return cls(str(data["name"]), bool(data["passed"]), str(data.get("detail", "")))
+
 
 @dataclass
 class EvalError:
-    kind: str
+    kind: ErrorKind  # a plain string of the enum is taken (and checked)
     message: str
     excerpt: str = ""
     line: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ERROR_KINDS:
-            raise ValueError(f"unknown error kind {self.kind!r}")
+        try:
+            self.kind = ErrorKind(self.kind)
+        except ValueError:
+            raise ValueError(f"unknown error kind {self.kind!r}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "message": self.message,
+            "excerpt": self.excerpt,
+            "line": self.line,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EvalError:
+        line = data.get("line")
+        return cls(
+            ErrorKind(data["kind"]),
+            str(data.get("message", "")),
+            str(data.get("excerpt", "")),
+            int(line) if line is not None else None,
+        )
+
+
+def _interval_json(interval: Interval | None, within: float | None) -> dict[str, Any]:
+    """`interval` on the wire: {} when not timed."""
+    data = interval.to_json() if interval is not None else {}
+    return data if within is None else {**data, "within_run_half_width": within}
 
 
 @dataclass
@@ -74,10 +116,13 @@ class Verdict:
     sandbox: str = "none"  # "bwrap" or "none": how the candidate was isolated
     threads: int = 0  # the CPU thread count both reference and candidate were timed with
     note: str = ""  # why a correct verdict has no timing (Triton under its interpreter)
-    # The paired speedup's 95 % interval (estimate, low, high, pairs, half_width), whether
-    # it narrowed to the device's target, the load average around the timing, and whether
-    # those conditions make the number noisy.
-    interval: dict[str, float] = field(default_factory=dict)
+    # The paired speedup's 95 % interval, widened by the spread between runs, and the
+    # half-width of the pairs' own interval (what `converged` compares with the device's
+    # target). In JSON both are one object: `interval` with `within_run_half_width`.
+    interval: Interval | None = None
+    within_run_half_width: float | None = None
+    # whether the timing narrowed to the device's target, the load average around it,
+    # and whether those conditions make the number noisy
     converged: bool = False
     load: dict[str, float] = field(default_factory=dict)
     noisy: bool = False
@@ -89,12 +134,104 @@ class Verdict:
     # {"factor": 0.1, "sizes": {"batch_size": [4096, 409]}}; empty when run as written.
     scaled: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def error_kind(self) -> ErrorKind | None:
+        return self.error.kind if self.error is not None else None
+
+    @property
+    def unrunnable(self) -> bool:
+        """It says nothing about the candidate (no GPU, cancelled, the reference failed)."""
+        return self.error_kind in UNRUNNABLE
+
+    def summary(self) -> Verdict:
+        """The verdict without its raw measurements (samples, spread, checks, load, phase
+        times, library calls): what the editor's history keeps of each step."""
+        return replace(
+            self, samples={}, spread={}, checks=[], phase_seconds={}, load={},
+            allow_torch=[], torch_ops=[], scaled={},
+        )  # fmt: skip
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "within_run_half_width":
+                continue  # inside `interval`
+            value = getattr(self, f.name)
+            if f.name == "interval":
+                value = _interval_json(self.interval, self.within_run_half_width)
+            elif f.name == "checks":
+                value = [check.to_json() for check in self.checks]
+            elif f.name == "error":
+                value = self.error.to_json() if self.error is not None else None
+            else:
+                value = copy.deepcopy(value)
+            data[f.name] = value
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Verdict:
-        fields = dict(data)
-        fields["checks"] = [Check(**check) for check in data.get("checks", [])]
-        fields["error"] = EvalError(**data["error"]) if data.get("error") else None
-        return cls(**fields)
+        names = {f.name for f in fields(cls)} - {"within_run_half_width"}
+        values = {k: copy.deepcopy(v) for k, v in data.items() if k in names}
+        values["checks"] = [Check.from_json(check) for check in data.get("checks") or []]
+        values["error"] = EvalError.from_json(data["error"]) if data.get("error") else None
+        interval = data.get("interval") or {}
+        values["interval"] = Interval.from_json(interval) if "estimate" in interval else None
+        within = interval.get("within_run_half_width")
+        values["within_run_half_width"] = float(within) if within is not None else None
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Duel:
+    """A candidate timed in pairs against the best so far (`Step.versus_best`): the
+    speedup over it pooled over `duels` runs, with its 95 % bounds, and whether that
+    confirmed the win; or, for a duel that gave no timing, the error kind that ended it
+    (None: correct, but untimed)."""
+
+    speedup: float | None = None
+    low: float | None = None
+    high: float | None = None
+    confirmed: bool = False
+    duels: int = 1
+    error: ErrorKind | None = None
+
+    @classmethod
+    def pooled(cls, interval: Interval, *, confirmed: bool, duels: int) -> Duel:
+        return cls(interval.estimate, interval.low, interval.high, confirmed, duels)
+
+    @classmethod
+    def failed(cls, kind: ErrorKind | None) -> Duel:
+        return cls(error=kind)
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        if self.low is None or self.high is None:
+            return None
+        return self.low, self.high
+
+    def to_json(self) -> dict[str, Any]:
+        if self.speedup is None:
+            return {"error": self.error.value if self.error is not None else ""}
+        return {
+            "speedup": self.speedup,
+            "low": self.low,
+            "high": self.high,
+            "confirmed": self.confirmed,
+            "duels": self.duels,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> Duel | None:
+        """The duel, or None for a step that had none (`{}` on the wire)."""
+        if not data:
+            return None
+        if data.get("speedup") is None:
+            return cls(error=ErrorKind(data["error"]) if data.get("error") else None)
+        low, high = data.get("low"), data.get("high")
+        return cls(
+            float(data["speedup"]),
+            float(low) if low is not None else None,
+            float(high) if high is not None else None,
+            bool(data.get("confirmed", False)),
+            int(data.get("duels", 1)),
+        )

@@ -4,17 +4,18 @@ Each answer comes back as a `Generated`: usable code, or None and the reason (a 
 records `no_code` with it). `needs_repair` and `repair` give a compile error or a wrong
 result one more try, shown the compiler's excerpt or the verifier's mismatch (as
 CudaForge's judge does); `attempt` runs evaluate -> repair -> evaluate with the caller's
-`evaluate` (anything with `to_json()`, such as the evaluator's `Verdict`: this package
-never imports the evaluator), and `best_of` keeps the best.
+`evaluate` (anything that returns a `Verdict`; this package imports the verdict's types,
+never the evaluator), and `best_of` keeps the best.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any
 
+from htam_engine.evaluate.verdict import ErrorKind, Verdict
 from htam_engine.llm.base import Completion, LLMError, Provider
 from htam_engine.llm.extract import extract_candidate
 from htam_engine.llm.limits import BudgetExhausted
@@ -22,7 +23,7 @@ from htam_engine.llm.prompts import repair_prompt
 
 # Verdict error kinds a repair turn can fix: the code ran into a visible, local fault.
 # Not timeouts, OOM or cheating: those need another strategy, not a patch.
-REPAIRABLE = frozenset({"compile_error", "runtime_error", "incorrect"})
+REPAIRABLE = frozenset({ErrorKind.COMPILE_ERROR, ErrorKind.RUNTIME_ERROR, ErrorKind.INCORRECT})
 MAX_FAILED_CHECKS = 8
 
 
@@ -104,21 +105,23 @@ def generate_candidates(
     ]
 
 
-def needs_repair(verdict: Mapping[str, Any]) -> bool:
-    """True for a verdict (`Verdict.to_json()`) that one repair turn may fix."""
-    error = verdict.get("error") or {}
-    return error.get("kind") in REPAIRABLE
+def needs_repair(verdict: Verdict) -> bool:
+    """True for a verdict that one repair turn may fix."""
+    return verdict.error_kind in REPAIRABLE
 
 
-def failure_text(verdict: Mapping[str, Any]) -> str:
+def failure_text(verdict: Verdict) -> str:
     """What went wrong, for the repair prompt: the error, its excerpt, failed checks."""
-    error = verdict.get("error") or {}
-    line = f" (line {error['line']})" if error.get("line") else ""
-    parts = [f"{error.get('kind', 'failure')}{line}: {error.get('message', '')}".strip()]
-    if error.get("excerpt"):
-        parts.append(f"```\n{str(error['excerpt']).strip()}\n```")
-    failed = [c for c in verdict.get("checks") or [] if not c.get("passed", True)]
-    parts += [f"- check {c.get('name')}: {c.get('detail', '')}" for c in failed[:MAX_FAILED_CHECKS]]
+    error = verdict.error
+    if error is None:
+        parts = ["failure:"]
+    else:
+        line = f" (line {error.line})" if error.line else ""
+        parts = [f"{error.kind}{line}: {error.message}".strip()]
+        if error.excerpt:
+            parts.append(f"```\n{error.excerpt.strip()}\n```")
+    failed = [c for c in verdict.checks if not c.passed]
+    parts += [f"- check {c.name}: {c.detail}" for c in failed[:MAX_FAILED_CHECKS]]
     return "\n".join(parts)
 
 
@@ -127,7 +130,7 @@ def repair(
     *,
     task_source: str,
     failed_code: str,
-    verdict: Mapping[str, Any],
+    verdict: Verdict,
     local_text: str,
     language: str,
     entry: str | None = None,
@@ -139,17 +142,8 @@ def repair(
     return generate(provider, system, prompt, language, entry=entry, purpose="repair")
 
 
-class Judged(Protocol):
-    """What `attempt` needs of a verdict (the evaluator's `Verdict` is one)."""
-
-    def to_json(self) -> dict[str, Any]: ...
-
-
-V = TypeVar("V", bound=Judged)
-
-
 @dataclass(frozen=True)
-class Attempt(Generic[V]):
+class Attempt:
     """One candidate through evaluation and at most one repair turn.
 
     `code` and `verdict` are what the step learns from: the repaired version when the
@@ -157,7 +151,7 @@ class Attempt(Generic[V]):
     `answers` holds the first answer and the repair's, if one ran."""
 
     code: str | None
-    verdict: V | None
+    verdict: Verdict | None
     reason: str
     answers: tuple[Generated, ...]
     repair_note: str = ""
@@ -180,28 +174,28 @@ class Attempt(Generic[V]):
 def attempt(
     provider: Provider,
     first: Generated,
-    evaluate: Callable[[str], V],
+    evaluate: Callable[[str], Verdict],
     *,
     task_source: str,
     local_text: str,
     language: str,
     entry: str | None = None,
     repair_turn: bool = True,
-) -> Attempt[V]:
+) -> Attempt:
     """Evaluate `first` (from `generate`), and on a repairable failure ask once for a fix
     and evaluate that. A repair that cannot be asked (budget spent, LLM down) or gives
     no code leaves the first verdict standing, with a note saying why."""
     if first.code is None:
         return Attempt(None, None, first.reason, (first,))
     verdict = evaluate(first.code)
-    if not (repair_turn and needs_repair(verdict.to_json())):
+    if not (repair_turn and needs_repair(verdict)):
         return Attempt(first.code, verdict, "", (first,))
     try:
         fixed = repair(
             provider,
             task_source=task_source,
             failed_code=first.code,
-            verdict=verdict.to_json(),
+            verdict=verdict,
             local_text=local_text,
             language=language,
             entry=entry,
@@ -214,10 +208,10 @@ def attempt(
     return Attempt(fixed.code, evaluate(fixed.code), "", (first, fixed))
 
 
-def best_of(attempts: Sequence[Attempt[V]]) -> Attempt[V] | None:
+def best_of(attempts: Sequence[Attempt]) -> Attempt | None:
     """The attempt to keep: the fastest correct one, else the first with code, else None."""
-    judged = [(a, a.verdict.to_json()) for a in attempts if a.verdict is not None]
-    correct = [(a, v) for a, v in judged if v.get("correct")]
+    judged = [(a, a.verdict) for a in attempts if a.verdict is not None]
+    correct = [(a, v) for a, v in judged if v.correct]
     if correct:
-        return max(correct, key=lambda pair: float(pair[1].get("speedup") or 0.0))[0]
+        return max(correct, key=lambda pair: pair[1].speedup or 0.0)[0]
     return judged[0][0] if judged else None
