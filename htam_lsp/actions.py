@@ -14,7 +14,7 @@ from typing import Any
 
 from lsprotocol import types as t
 
-from htam_engine import parsing
+from htam_engine import machine, parsing
 from htam_engine.report import format_speedup
 from htam_lsp import discovery, insight, render
 from htam_lsp import suggestions as sg
@@ -463,7 +463,7 @@ def blocked_reasons(ls: Any, doc: Document) -> dict[str, str]:
     reasons: dict[str, str] = {}
     if not ls.settings.allow_execution:
         reasons["all"] = "execution is not allowed: trust this workspace or opt in (allowExecution)"
-    elif insight.backend(doc) == "cuda" and not insight.has_gpu():
+    elif insight.backend(doc) == "cuda" and not machine.gpu_present():
         reasons["all"] = "no GPU on this machine: CUDA candidates cannot be verified or timed"
         if shutil.which("nvcc") and not insight.needs_binding(doc):
             reasons["check"] = "no GPU here to run it"

@@ -18,7 +18,7 @@ from typing import Any
 
 from lsprotocol import types as t
 
-from htam_engine import events, paths
+from htam_engine import events, machine, paths
 from htam_engine.report import format_speedup
 from htam_lsp import discovery, insight, render, status
 from htam_lsp import suggestions as sg
@@ -74,11 +74,13 @@ def refusal(ls: Any, doc: Document, unit: discovery.Unit) -> str | None:
             "HTAM: this .cu file is not bound to a reference; apply the quick fix "
             "'bind to its reference' (or add an htam.toml [[kernel]] entry) first"
         )
-    if insight.backend(doc) == "cuda" and (ls.settings.device == "cpu" or not insight.has_gpu()):
+    if insight.backend(doc) == "cuda" and (
+        ls.settings.device == "cpu" or not machine.gpu_present()
+    ):
         where = (
             "the device setting is cpu"
             if ls.settings.device == "cpu"
-            else "there is none here (no /dev/nvidiactl, no nvidia-smi)"
+            else "there is none here (the NVIDIA driver lists no GPU)"
         )
         return (
             f"{unit.name} was not started: a CUDA kernel needs an NVIDIA GPU to be verified "

@@ -13,8 +13,8 @@ import shutil
 import sys
 from typing import Any
 
-from htam_engine import __version__
-from htam_lsp import actions, insight
+from htam_engine import __version__, machine
+from htam_lsp import actions
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ _probed: dict[str, str | None] = {}
 async def report(ls: Any) -> dict[str, Any]:
     """The `htam.status` answer (docs/ARCHITECTURE.md, "Server protocol")."""
     name, why = actions.provider(ls)
-    gpu = insight.has_gpu()
+    gpu = machine.gpu_present()
     return {
         "version": __version__,
         "provider": {"name": name, "why": why},
