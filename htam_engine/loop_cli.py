@@ -17,6 +17,7 @@ from rich.table import Table
 from htam_engine import events
 from htam_engine.errors import NoStartError, ReferenceFailed, UserError
 from htam_engine.evaluate.cli import add_policy_arguments, with_policy
+from htam_engine.machine import DEVICE_CHOICES
 from htam_engine.report import format_bounded, format_duel, format_interval, format_speedup
 from htam_engine.vocabulary import PROVIDERS
 
@@ -41,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--base-url", help="base URL of an OpenAI-compatible server")
     p.add_argument("--cassette", help="JSONL cassette for --provider replay")
     p.add_argument("--record", help="record every LLM call of this run to this cassette")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument(
         "--no-cache", action="store_true", help="time every candidate afresh (the start too)"
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 from htam_engine.errors import UserError
 from htam_engine.evaluate.cli import add_policy_arguments
+from htam_engine.machine import DEVICE_CHOICES
 from htam_engine.report import format_speedup
 from htam_engine.task import parse_allow_torch
 
@@ -103,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="model name for the provider")
     p.add_argument("--base-url", help="base URL of an OpenAI-compatible server")
     p.add_argument("--cassette", help="JSONL cassette for --provider replay")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     p.add_argument("--out", default=".htam-bench", help="output folder (one folder a problem)")
     p.add_argument("--jobs", type=int, default=1, help="problems at once on this machine")
     p.add_argument("--ray", metavar="ADDRESS", help="run problems on a Ray cluster ('auto')")

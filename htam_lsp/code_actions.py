@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from lsprotocol import types as t
 from pygls.capabilities import get_capability
 
+
+from htam_engine import machine
 from htam_lsp import discovery, insight, render
 from htam_lsp import suggestions as sg
 from htam_lsp.diagnostics import unbound_diagnostic
@@ -182,7 +184,7 @@ def blocked_reasons(ls: HtamServer, doc: Document) -> dict[str, str]:
     reasons: dict[str, str] = {}
     if not ls.settings.allow_execution:
         reasons["all"] = "execution is not allowed: trust this workspace or opt in (allowExecution)"
-    elif insight.backend(doc) == "cuda" and not insight.has_gpu():
+    elif insight.backend(doc) == "cuda" and not machine.gpu_present():
         reasons["all"] = "no GPU on this machine: CUDA candidates cannot be verified or timed"
         if shutil.which("nvcc") and not insight.needs_binding(doc):
             reasons["check"] = "no GPU here to run it"

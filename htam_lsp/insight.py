@@ -8,7 +8,6 @@ modules are imported on first use to keep the server's start-up short.
 from __future__ import annotations
 
 import random
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,11 +42,6 @@ def backend(doc: Document) -> str:
 
         return _cached(doc, "backend", lambda: guess_backend("py", doc.text))
     return "cpu"
-
-
-def has_gpu() -> bool:
-    """A cheap presence check: the NVIDIA driver's device node or tool (no torch here)."""
-    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
 def binding(doc: Document) -> dict[str, str]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import events
+from htam_engine.machine import kill_process_group
 from htam_engine.procs import descendants
 from htam_engine.vocabulary import TERMINAL_JOB_STATES
 
@@ -265,11 +266,7 @@ def signal_group(job: Job, sig: int) -> bool:
     """Send `sig` to the job's process group; False when it had already gone."""
     if job.pid is None:
         return False
-    try:
-        os.killpg(job.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+    return kill_process_group(job.pid, sig)
 
 
 def kill_group(job: Job) -> bool:
@@ -284,14 +281,8 @@ def kill_group(job: Job) -> bool:
     for pid in descendants(job.pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             groups.add(os.getpgid(pid))
-    killed = False
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-            killed = True
-        except (ProcessLookupError, PermissionError):
-            continue
-    return killed
+    killed = [kill_process_group(group) for group in groups]
+    return any(killed)
 
 
 def _event(raw: bytes) -> events.Event | None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from lsprotocol import types as t
 from pygls.capabilities import get_capability
 
-from htam_engine import events, paths
+from htam_engine import events, machine, paths
 from htam_engine.evaluate.verdict import Verdict
 from htam_engine.report import format_speedup
 from htam_lsp import discovery, insight, render, status
@@ -89,12 +89,12 @@ class Runs:
                 "'bind to its reference' (or add an htam.toml [[kernel]] entry) first"
             )
         if insight.backend(doc) == "cuda" and (
-            self.ls.settings.device == "cpu" or not insight.has_gpu()
+            self.ls.settings.device == "cpu" or not machine.gpu_present()
         ):
             where = (
                 "the device setting is cpu"
                 if self.ls.settings.device == "cpu"
-                else "there is none here (no /dev/nvidiactl, no nvidia-smi)"
+                else "there is none here (the NVIDIA driver lists no GPU)"
             )
             return (
                 f"{unit.name} was not started: a CUDA kernel needs an NVIDIA GPU to be verified "

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from htam_engine.machine import DEVICE_CHOICES
 from htam_engine.vocabulary import MAX_STEPS, MIN_STEPS, PROVIDERS
-
-DEVICES = ("auto", "cuda", "cpu")
 CLIENT_KEYS = ("interpreter", "progress")  # settings of the editor extensions themselves
 MIN_SPEEDUP = 1.10  # an apply action only for a candidate at least this much faster
 
@@ -62,7 +61,7 @@ def _apply(key: str, value: Any, changes: dict[str, Any], may_allow: bool) -> st
     if value is None or key in CLIENT_KEYS:
         return None
     if key in ("provider", "device"):
-        allowed = PROVIDERS if key == "provider" else DEVICES
+        allowed = PROVIDERS if key == "provider" else DEVICE_CHOICES
         if value not in allowed:
             return f"htam.{key}: {value!r} is not one of {', '.join(allowed)}"
         changes[key] = value

@@ -13,8 +13,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
-from htam_engine import __version__
-from htam_lsp import insight
+from htam_engine import __version__, machine
 from htam_lsp.llm_provider import provider
 
 if TYPE_CHECKING:
@@ -31,7 +30,7 @@ _probed: dict[str, str | None] = {}
 async def report(ls: HtamServer) -> dict[str, Any]:
     """The `htam.status` answer (docs/ARCHITECTURE.md, "Server protocol")."""
     name, why = provider(ls)
-    gpu = insight.has_gpu()
+    gpu = machine.gpu_present()
     return {
         "version": __version__,
         "provider": {"name": name, "why": why},

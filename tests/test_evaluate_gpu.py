@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from htam_engine.evaluate import evaluate
-from htam_engine.evaluate.runner import gpu_available
+from htam_engine.machine import gpu_present
 from htam_engine.task import load_task
 
 MATMUL = Path(__file__).parent / "fixtures" / "eval" / "matmul"
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU (none reported)"),
+    pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU (none reported)"),
 ]
 
 

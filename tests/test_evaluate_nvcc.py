@@ -8,7 +8,7 @@ import pytest
 from htam_engine.evaluate import evaluate
 from htam_engine.evaluate.excerpt import line_from_log
 from htam_engine.evaluate.nvcc import cuda_source, nvcc_check
-from htam_engine.evaluate.runner import gpu_available
+from htam_engine.machine import gpu_present
 from htam_engine.task import load_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
@@ -44,7 +44,7 @@ def test_cuda_source_found_inside_a_load_inline_candidate():
     assert code is not None and "__global__ void matmul_tiled" in code
 
 
-@pytest.mark.skipif(gpu_available(), reason="checks the no-GPU path; this machine has a GPU")
+@pytest.mark.skipif(gpu_present(), reason="checks the no-GPU path; this machine has a GPU")
 def test_cuda_task_without_gpu_is_compile_checked_then_no_gpu(tmp_path):
     (tmp_path / "reference.py").write_text((FIXTURES / "reference.py").read_text())
     kernel = tmp_path / "scale.cu"

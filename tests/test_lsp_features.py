@@ -22,7 +22,7 @@ from helpers.skips import require
 from lsprotocol import types as t
 from pytest_lsp import LanguageClient
 
-from htam_lsp.insight import has_gpu
+from htam_engine.machine import gpu_present
 from htam_lsp.status import COMPILERS
 
 CU = FIXTURES / "cuda" / "vec_add.cu"
@@ -252,8 +252,8 @@ async def test_actions_say_why_strategies_cannot_run(client: LanguageClient):
         assert reasons == []
         return
     assert any("no LLM configured" in r for r in reasons)
-    assert any(a.title.startswith(run) for a in cuda) == has_gpu()
-    assert any("no GPU" in r for r in reasons) == (not has_gpu())
+    assert any(a.title.startswith(run) for a in cuda) == gpu_present()
+    assert any("no GPU" in r for r in reasons) == (not gpu_present())
 
 
 async def test_auto_provider_without_keys_says_mechanical_only(client: LanguageClient):
@@ -286,8 +286,8 @@ async def test_cuda_without_a_gpu_is_refused_at_once_with_the_reason(client: Lan
     await initialize(client, spec, {"allowExecution": True, "provider": "offline"})
     uri = open_file(client, BOUND, "cuda")
     answer = await _run(client, "htam.nextStep", {"uri": uri})
-    assert (answer["state"] == "refused") == (not has_gpu()), answer
-    if not has_gpu():
+    assert (answer["state"] == "refused") == (not gpu_present()), answer
+    if not gpu_present():
         assert "a CUDA kernel needs an NVIDIA GPU" in answer["message"]
         assert "there is none here" in answer["message"]
         check = {"neovim": ":HtamCheck", "visual-studio-code": "HTAM: Compile-Check with nvcc"}
@@ -307,8 +307,8 @@ async def test_status_says_what_the_server_can_do_here(client: LanguageClient):
     await initialize(client, spec, {"provider": "offline", "minSpeedup": 0.5, "colour": 1})
     status = await _run(client, "htam.status", {})
     assert status["provider"]["name"] == "offline" and status["provider"]["why"]
-    assert status["gpu"]["present"] == has_gpu()
-    assert status["device"]["name"] == ("cuda" if has_gpu() else "cpu")
+    assert status["gpu"]["present"] == gpu_present()
+    assert status["device"]["name"] == ("cuda" if gpu_present() else "cpu")
     assert status["compilers"] == {c: shutil.which(c) for c in COMPILERS}
     assert status["sandbox"]["mode"] in ("bwrap", "none") and status["sandbox"]["why"]
     assert status["execution"]["allowed"] is False
@@ -347,7 +347,7 @@ async def test_cuda_without_a_gpu_gets_an_nvcc_compile_check(
     """The code action the refusal points to: nvcc compiles the buffer; an error is a
     diagnostic on its line, in the evaluator's words."""
     require("nvcc is not on PATH" if shutil.which("nvcc") is None else None)
-    if has_gpu():
+    if gpu_present():
         pytest.skip("a GPU is here: CUDA steps run instead")
     spec = client.spec  # type: ignore[attr-defined]
     await initialize(client, spec, {"allowExecution": True, "provider": "offline"})

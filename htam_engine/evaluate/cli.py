@@ -10,6 +10,7 @@ from pathlib import Path
 
 from htam_engine.errors import UserError
 from htam_engine.evaluate.verdict import Verdict
+from htam_engine.machine import DEVICE_CHOICES
 from htam_engine.task import SCALED_SIZES, Task, guess_backend, load_task, parse_directive
 from htam_engine.task import with_policy as _with_policy
 from htam_engine.vocabulary import kind_of
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("task", type=Path, help="reference .py or a bound implementation")
     parser.add_argument("candidate", type=Path, help="implementation to evaluate (.py or .cu)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     parser.add_argument("--json", action="store_true", help="print one JSON verdict on stdout")
     parser.add_argument("--no-cache", action="store_true", help="evaluate even if cached")
     add_policy_arguments(parser)

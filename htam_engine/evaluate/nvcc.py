@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import shutil
-import signal
 import subprocess
 import sysconfig
 import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+
+from htam_engine.machine import kill_process_group
 
 ARCH = "sm_80"
 
@@ -170,7 +170,7 @@ def nvcc_check(source: str, timeout_s: float) -> NvccResult:
         try:
             log, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_process_group(proc.pid)
             proc.wait()
             return NvccResult("timeout", f"nvcc ran over its limit of {timeout_s:g} s")
     status = "compiled" if proc.returncode == 0 else "rejected"

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from htam_engine.machine import kill_process_group
 from htam_engine.procs import descendants
 
 EOF_EVENT = "__eof__"
@@ -123,8 +124,7 @@ class Child:
         group), then reap the child (not in a signal handler: the code it interrupted
         may hold the lock `Popen.wait` takes, and would never give it back)."""
         pids = descendants(self.popen.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
+        kill_process_group(self.popen.pid)
         signal_all(pids, signal.SIGKILL)
         if reap:
             self.popen.wait()

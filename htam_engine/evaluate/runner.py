@@ -18,10 +18,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from htam_engine import stats, triton_backend
+from htam_engine import machine, stats, triton_backend
 from htam_engine.errors import UserError
 from htam_engine.evaluate import cache, excerpt, protocol, standby
 from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
@@ -39,7 +38,6 @@ from htam_engine.evaluate.verdict import (
 from htam_engine.task import Task, allowed_ops, guess_backend
 from htam_engine.vocabulary import TORCH_OP_GROUPS
 
-DEVICES = ("auto", "cuda", "cpu")
 MAX_TRIALS = 100
 # The 95 % interval's half-width at which timing stops, relative to the speedup.
 TARGET_HALF_WIDTH = {"cpu": 0.05, "cuda": 0.01}
@@ -59,20 +57,6 @@ _NOT_CUSTOM = frozenset(
 )
 _TORCH_USED = "runtime.allowed_torch_ops"  # the worker's word on the allowed ops it ran
 _STATIC_CALL = re.compile(r"line \d+: (?P<call>[\w.]+)")
-
-
-def gpu_available() -> bool:
-    """True when the NVIDIA driver reports a GPU (checked without importing torch)."""
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return gpus.is_dir() and any(gpus.iterdir())
-
-
-def resolve_device(device: str, task: Task) -> str:
-    if device not in DEVICES:
-        raise UserError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
-    if device == "auto":
-        return "cuda" if task.backend == "cuda" else "cpu"
-    return device
 
 
 def display_name(task: Task) -> str:
@@ -97,7 +81,7 @@ def evaluate(
     `incumbent`, timed against that instead: `compare`). `run` n > 0 is the pair's
     n-th separate run, cached apart from the others."""
     limits = limits or Limits()
-    resolved = resolve_device(device, task)
+    resolved = machine.resolve_device(device, task.backend)
     mode = sandbox_mode()
     content = candidate_source if incumbent is None else f"{candidate_source}\0vs\0{incumbent}"
     content += f"\0run\0{run}" if run else ""
@@ -179,7 +163,7 @@ def run_candidate(
     """Everything after the static checks: compile, verify and time in the sandbox (with
     `incumbent`, against it: `compare`). The trusted side must hold on its own when a
     candidate evades the static checks, so tests call this directly."""
-    if (verdict.device == "cuda" and not gpu_available()) or _cuda_on_cpu(
+    if (verdict.device == "cuda" and not machine.gpu_present()) or _cuda_on_cpu(
         task, source, verdict.device
     ):
         return _compile_only(task, source, verdict, limits)

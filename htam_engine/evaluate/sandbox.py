@@ -19,24 +19,10 @@ import sys
 from pathlib import Path
 
 import htam_engine
+from htam_engine import machine
 from htam_engine.paths import home
 
 MODES = ("bwrap", "none")
-# Environment variables a compiler or a CUDA runtime needs; everything else is dropped.
-_PASSED_ENV = (
-    "PATH",
-    "LANG",
-    "LC_ALL",
-    "LC_CTYPE",
-    "CC",
-    "CXX",
-    "CUDA_HOME",
-    "CUDA_PATH",
-    "CUDA_VISIBLE_DEVICES",
-    "LD_LIBRARY_PATH",
-    "TORCH_CUDA_ARCH_LIST",
-    "MAX_JOBS",
-)
 _HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/dev/shm", "/mnt", "/media")
 
 
@@ -70,7 +56,7 @@ STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD
 def environment(box: Path, threads: int) -> dict[str, str]:
     """The whole environment of a worker: no keys, tokens or `HTAM_*`, home in its box
     (the worker tells `kernels` where to build)."""
-    env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
+    env = machine.scrubbed_env(machine.WORKER_ENV)
     env.update(
         HOME=str(box),
         TMPDIR=str(box / "tmp") if sandbox_mode() == "none" else "/tmp",

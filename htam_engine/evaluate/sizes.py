@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from htam_engine import machine
 from htam_engine.errors import TooLarge
 from htam_engine.evaluate.verdict import Limits
 from htam_engine.paths import subdir
@@ -93,7 +93,6 @@ def estimate(task: Task) -> Estimate:
         return Estimate(**json.loads(kept.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    env = {k: v for k, v in os.environ.items() if "KEY" not in k and "TOKEN" not in k}
     try:
         done = subprocess.run(
             [sys.executable, "-m", "htam_engine.evaluate.sizes"],
@@ -101,7 +100,7 @@ def estimate(task: Task) -> Estimate:
             capture_output=True,
             text=True,
             timeout=ESTIMATE_TIMEOUT_S,
-            env=env,
+            env=machine.trusted_env(),  # it imports the reference outside the sandbox
             preexec_fn=_capped,  # a get_inputs that allocates for real cannot take the machine
         )
         found = json.loads(done.stdout.strip().splitlines()[-1])
@@ -164,13 +163,10 @@ def refuse_if_too_large(task: Task, device: str, limits: Limits | None = None) -
     if found.inputs is None:
         return found
     needs = found.needs(limits.input_sets)
-    if device not in ("cpu", "cuda"):
-        device = "cuda" if task.backend == "cuda" else "cpu"
+    here = limits_here(machine.resolve_device(device, task.backend), limits)
     over = [
         (place, needs[place], limit, what)
-        for place, (limit, what) in limits_here(
-            "cpu" if device == "cpu" else "cuda", limits
-        ).items()
+        for place, (limit, what) in here.items()
         if limit is not None and needs[place] > limit
     ]
     if not over:

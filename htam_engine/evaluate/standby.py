@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -31,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from htam_engine import machine
 from htam_engine.evaluate.process import Child, python_module
 from htam_engine.paths import subdir
 
 ROLES = ("reference", "candidate")
 _BOX_FOLDERS = ("tmp", "build", "cache", "torch_extensions")
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
 @dataclass
@@ -168,7 +167,7 @@ def clean_stale_jobs() -> int:
 
 
 def _judge_env() -> dict[str, str]:
-    """The judge is trusted but needs no secrets either."""
-    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
+    """The judge is trusted but needs no secrets either (`machine.trusted_env`)."""
+    env = machine.trusted_env()
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env

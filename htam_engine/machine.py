@@ -1,0 +1,135 @@
+"""Facts about this machine, decided in one place: which device a run uses, whether a GPU
+is present, which environment a child process gets, and how a process group is killed.
+
+The language server and the engine both ask here, so the server never starts a job the
+engine then stops for want of a GPU. Dependency-free (no torch, no subprocess) and cheap:
+the server asks on every code action.
+
+`gpu_present()` reads `HTAM_FORCE_GPU` first: `1` says there is a GPU, `0` that there is
+none, whatever the driver says (unset or anything else: the driver decides). Tests set it
+(`monkeypatch.setenv`) to run both branches on any machine; child processes inherit it,
+so a server and the engine it starts agree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from htam_engine.errors import UserError
+from htam_engine.vocabulary import DEVICES, Device
+
+AUTO = "auto"
+DEVICE_CHOICES: tuple[str, ...] = (AUTO, *DEVICES)  # what --device and htam.device accept
+FORCE_GPU_ENV = "HTAM_FORCE_GPU"
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver manages
+
+# Variables a compiler or a CUDA runtime needs: all a sandboxed worker gets of the caller's
+# environment (the sandbox adds its own home, caches and thread counts).
+WORKER_ENV = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "CC",
+    "CXX",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "LD_LIBRARY_PATH",
+    "TORCH_CUDA_ARCH_LIST",
+    "MAX_JOBS",
+)
+# What HTAM's own trusted children (the judge, the size estimate that imports a reference
+# outside the sandbox) need besides: where Python finds HTAM, where HTAM keeps its data,
+# temporary space, and the settings of torch, Triton, the CUDA libraries and coverage.
+TRUSTED_ENV = (
+    *WORKER_ENV,
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "TMPDIR",
+    "TZ",
+    "TERM",
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "HTAM_HOME",
+    "HTAM_BUILD_DIR",
+    "HTAM_SANDBOX",
+    FORCE_GPU_ENV,
+)
+TRUSTED_PREFIXES = (
+    "LC_",
+    "XDG_",
+    "CUDA_",
+    "CUBLAS_",
+    "CUDNN_",
+    "NVIDIA_",
+    "TORCH_",
+    "PYTORCH_",
+    "TRITON_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "COV_CORE_",
+    "COVERAGE_",
+)
+# A name that looks like a credential never passes, even when a prefix above admits it.
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
+
+
+def gpu_present() -> bool:
+    """True when the NVIDIA driver lists a GPU (no torch, no subprocess), unless
+    `HTAM_FORCE_GPU` is `1` (True) or `0` (False)."""
+    forced = os.environ.get(FORCE_GPU_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    return NVIDIA_GPUS.is_dir() and any(NVIDIA_GPUS.iterdir())
+
+
+def resolve_device(device: str, backend: str) -> Device:
+    """The device a kernel of `backend` runs on for `device` ("auto": a CUDA kernel on
+    cuda, anything else on cpu); `UserError` for a device HTAM does not know."""
+    if device == AUTO:
+        return "cuda" if backend == "cuda" else "cpu"
+    for known in DEVICES:
+        if device == known:
+            return known
+    raise UserError(f"unknown device {device!r}: use one of {', '.join(DEVICE_CHOICES)}")
+
+
+def scrubbed_env(
+    names: Iterable[str] = WORKER_ENV,
+    prefixes: tuple[str, ...] = (),
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The variables of `environ` (default: this process's) that are in `names` or start
+    with one of `prefixes`, never one named like a key, token or password."""
+    source = os.environ if environ is None else environ
+    allowed = frozenset(names)
+    return {
+        name: value
+        for name, value in source.items()
+        if (name in allowed or name.startswith(prefixes)) and not _SECRET.search(name)
+    }
+
+
+def trusted_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a trusted child of HTAM's own (the judge, the size estimate):
+    what it needs to find HTAM, its data and the GPU libraries, and no credentials."""
+    return scrubbed_env(TRUSTED_ENV, TRUSTED_PREFIXES, environ)
+
+
+def kill_process_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
+    """Send `sig` to process group `pgid`; False when it had gone or is not ours to signal.
+    Takes no lock and reaps nothing, so a signal handler may call it."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
