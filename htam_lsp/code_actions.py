@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from lsprotocol import types as t
 from pygls.capabilities import get_capability
 
-
 from htam_engine import machine
 from htam_lsp import discovery, insight, render
 from htam_lsp import suggestions as sg

@@ -13,6 +13,7 @@ from typing import Any
 
 from htam_engine.machine import DEVICE_CHOICES
 from htam_engine.vocabulary import MAX_STEPS, MIN_STEPS, PROVIDERS
+
 CLIENT_KEYS = ("interpreter", "progress")  # settings of the editor extensions themselves
 MIN_SPEEDUP = 1.10  # an apply action only for a candidate at least this much faster
 

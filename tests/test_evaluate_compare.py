@@ -36,14 +36,14 @@ def test_the_same_code_compares_as_even(task_path: Path) -> None:
     verdict = compare(load_task(task_path), NAIVE, NAIVE, device="cpu")
     assert verdict.correct, verdict.error
     assert 0.8 < verdict.speedup < 1.25  # type: ignore[operator]
-    assert verdict.interval["low"] <= verdict.speedup <= verdict.interval["high"]
+    assert verdict.interval.low <= verdict.speedup <= verdict.interval.high
 
 
 def test_a_slower_incumbent_makes_the_candidate_faster(task_path: Path) -> None:
     slower = _with_forward_prefix(NAIVE, "__import__('time').sleep(0.03)")
     verdict = compare(load_task(task_path), NAIVE, slower, device="cpu")
     assert verdict.correct, verdict.error
-    assert verdict.interval["low"] > 1.5, verdict.interval
+    assert verdict.interval.low > 1.5, verdict.interval
 
 
 def test_a_wrong_incumbent_is_no_standard_for_the_candidate(task_path: Path) -> None:

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 from htam_engine import machine, stats, triton_backend
-from htam_engine.errors import UserError
 from htam_engine.evaluate import cache, excerpt, protocol, standby
 from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
 from htam_engine.evaluate.process import Child, Stop
