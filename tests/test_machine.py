@@ -51,9 +51,9 @@ def test_without_the_override_the_driver_decides(monkeypatch, tmp_path):
 def test_the_engine_and_the_server_ask_the_same_function(monkeypatch):
     """The server cannot offer a CUDA run the engine then stops as no GPU."""
     from htam_engine.evaluate import runner
-    from htam_lsp import actions, runs, status
+    from htam_lsp import code_actions, runs, status
 
-    for module in (runner, actions, runs, status):
+    for module in (runner, code_actions, runs, status):
         assert module.machine.gpu_present is machine.gpu_present
 
 
@@ -106,7 +106,7 @@ def test_the_trusted_env_keeps_what_the_judge_needs():
     environ = {
         "HOME": "/home/u",
         "PYTHONPATH": "/src",
-        "HTAM_HOME": "/data",
+        "HTAM_BUILD_DIR": "/build",
         "HTAM_SANDBOX": "none",
         "HTAM_LLM_BASE_URL": "http://proxy",  # HTAM's, but no child of the evaluator's
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
