@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 from helpers.hermetic import environment_in, second_home
 from helpers.llm_api_server import Reply, Request, ScriptedAPIServer
+from helpers.skips import require
 
+from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.events import Event, Phase
 from htam_engine.memory import load_seed
 
@@ -112,6 +114,9 @@ class KernelEngineerServer(ScriptedAPIServer):
 
 
 def test_llm_run_records_and_replays(task: Path, tmp_path: Path, htam_home: Path) -> None:
+    # A duel cached outside the sandbox is never a baseline (a candidate could have written
+    # it), so without bwrap the replay times its duels afresh and cannot retrace the run.
+    require(None if sandbox_mode() == "bwrap" else "no bubblewrap sandbox starts here")
     home, cassette = htam_home, tmp_path / "run.jsonl"
     common = ["--device", "cpu", "--steps", "2", "--seed", "7", "--json"]
     with KernelEngineerServer() as server:
