@@ -91,10 +91,13 @@ class ErrorKind(StrEnum):
     CANCELLED = "cancelled"
     NO_GPU = "no_gpu"
     REFERENCE_ERROR = "reference_error"  # the reference itself fails: no candidate's fault
+    EVALUATOR_ERROR = "evaluator_error"  # the trusted judge failed: nobody's code was judged
 
 
 # The verdicts that say nothing about a strategy (learning from them would only add noise)
-UNRUNNABLE = frozenset({ErrorKind.NO_GPU, ErrorKind.CANCELLED, ErrorKind.REFERENCE_ERROR})
+UNRUNNABLE = frozenset(
+    {ErrorKind.NO_GPU, ErrorKind.CANCELLED, ErrorKind.REFERENCE_ERROR, ErrorKind.EVALUATOR_ERROR}
+)
 # The status of a candidate that compiled but failed, by its error kind; any other kind
 # (a failed check) is `Status.INCORRECT`.
 FAILED_STATUS: dict[ErrorKind, Status] = {

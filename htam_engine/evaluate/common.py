@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import os
 import re
 import sys
 import time
@@ -148,10 +149,23 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor | None:
 def tolerance(dtype: torch.dtype) -> float:
     """atol = rtol per dtype, KernelBench's current `get_tolerance_for_precision`
     (ScalingIntelligence/KernelBench, src/kernelbench/eval.py): fp32 1e-4, fp16 and
-    bf16 1e-2 (from torchbench). Other floats use fp32's; integers must match exactly."""
+    bf16 1e-2 (from torchbench); fp64 1e-7 (torch.testing's float64 default), other
+    floats fp32's; integers and booleans must match exactly."""
     if dtype in (torch.float16, torch.bfloat16):
         return 1e-2
+    if dtype == torch.float64:
+        return 1e-7
     return 1e-4 if dtype.is_floating_point else 0.0
+
+
+# The relative L2 error against a float64 reference that work in a dtype never needs:
+# fp32 work is ~1e-7 off, half precision's ~3e-4; fp64 work is ~1e-15 off, fp32's ~1e-7.
+# None: no check (half-precision outputs, integers).
+_PRECISION_FLOOR = {torch.float32: 1e-4, torch.float64: 1e-10}
+
+
+def precision_floor(dtype: torch.dtype) -> float | None:
+    return _PRECISION_FLOOR.get(dtype)
 
 
 def layout(values: list[Any]) -> tuple[list[dict[str, Any]], int]:
@@ -173,6 +187,34 @@ def _dtype(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise CandidateError(f"unknown dtype {name!r}")
     return dtype
+
+
+def write_item(descriptor: int, item: dict[str, Any], value: torch.Tensor) -> None:
+    """Write `value` where `item` says in the file `descriptor` (no mapping is shared: a
+    worker that truncates its buffer file cannot fault the writer)."""
+    flat = value.detach().contiguous().reshape(-1).view(torch.uint8)
+    data = flat.numpy().data
+    written = 0
+    while written < len(data):
+        written += os.pwrite(descriptor, data[written:], item["offset"] + written)
+
+
+def read_item(descriptor: int, item: dict[str, Any]) -> torch.Tensor | None:
+    """The tensor `item` describes, read (copied) from the file `descriptor`; None when
+    the file is shorter than the layout (a worker truncated it)."""
+    dtype = _dtype(item["dtype"])
+    count = 1
+    for size in item["shape"]:
+        count *= size
+    raw = torch.empty(count * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8)
+    view = raw.numpy().data
+    done = 0
+    while done < len(view):
+        got = os.preadv(descriptor, [view[done:]], item["offset"] + done)
+        if got <= 0:
+            return None
+        done += got
+    return raw.view(dtype).view(item["shape"])
 
 
 def tensor_view(buffer: torch.Tensor, item: dict[str, Any]) -> torch.Tensor:

@@ -19,6 +19,7 @@ import ctypes
 import fcntl
 import json
 import os
+import resource
 import secrets
 import shutil
 import signal
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 
 from htam_engine import stats, triton_backend
-from htam_engine.evaluate import accounting, common, protocol, sandbox
+from htam_engine.evaluate import accounting, common, protocol, sandbox, tasks
 from htam_engine.evaluate.process import (
     Child,
     Stop,
@@ -64,8 +65,8 @@ STOP_RESAMPLES = 500
 CALL_LIMIT_FACTOR = 500.0  # a timed call may take this many times the reference's (naive
 # kernels run 100x slower than torch), ...
 CALL_LIMIT_FLOOR_S = 2.0  # ... or this long, whichever is more
-PRECISION_FLOOR = 1e-4  # relative RMS error that float32 work never needs (fp16: ~3e-4)
 PRECISION_FACTOR = 16.0
+PRECISION_SHARE = 0.3  # of the judged timed calls, besides the last, checked in float64 too
 _PR_SET_CHILD_SUBREAPER = 36
 _rng = secrets.SystemRandom()
 
@@ -140,7 +141,13 @@ _VERIFY_CHECKS = (
     "output.values",
     "precision.float64",
 )
-_TIMING_CHECKS = ("timing.outputs", "timing.call_count", "timing.inputs_unchanged")
+_TIMING_CHECKS = (
+    "timing.outputs",
+    "timing.call_count",
+    "timing.inputs_unchanged",
+    "timing.threads",
+    "timing.precision",
+)
 
 
 @contextlib.contextmanager
@@ -241,9 +248,11 @@ class Side:
             _environment(self.box, job),
             self.box / "worker.log",
             memory_mb=memory,
+            death_signal=signal.SIGTERM,  # to its reaper: kill the whole tree
         )
         self.calls = 0
         self.main: int | None = None  # the worker's own process, found at its first call
+        self.core: int | None = None  # the core it is pinned to while timed
 
     def books(self, members: list[int]) -> accounting.Books | None:
         """The kernel's accounting of the worker's processes `members`."""
@@ -253,8 +262,26 @@ class Side:
 
     def make_buffers(self, sizes: tuple[int, int]) -> None:
         """Before `load`, so no candidate code has run that could have planted them."""
-        self.inbuf = _buffer(self.box / "in.bin", sizes[0])
-        self.outbuf = _buffer(self.box / "out.bin", sizes[1])
+        self.in_size, self.out_size = max(sizes[0], 1), max(sizes[1], 1)
+        self.infile = _buffer(self.box / "in.bin", self.in_size)
+        self.outfile = _buffer(self.box / "out.bin", self.out_size)
+
+    def read(self, descriptor: int, items: list[dict[str, Any]]) -> Outputs:
+        """The tensors `items` from one of the box's buffer files, copied: a file the
+        worker truncated is its doing (`output.buffer`), never this process's fault."""
+        found = []
+        for item in items:
+            value = common.read_item(descriptor, item)
+            if value is None:
+                raise Stop("cheating", f"output.buffer: the {self.role} truncated its buffers")
+            found.append(value)
+        return found
+
+    def tracked(self) -> None:
+        """Every process the worker made is below its reaper, unless the worker killed
+        the reaper (possible without bwrap): then the tree is out of reach."""
+        if self.child.popen.poll() is not None:
+            raise Stop("cheating", f"process.tracking: the {self.role} killed its reaper")
 
 
 def _environment(box: Path, job: dict[str, Any]) -> dict[str, str]:
@@ -264,12 +291,12 @@ def _environment(box: Path, job: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _buffer(path: Path, size: int) -> torch.Tensor:
-    """A fresh shared byte buffer at `path`, created before any worker can touch it."""
+def _buffer(path: Path, size: int) -> int:
+    """A fresh buffer file at `path`, created before any worker can touch it; this
+    process reads and writes it through the descriptor (never a shared mapping)."""
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    os.ftruncate(descriptor, max(size, 1))
-    os.close(descriptor)
-    return torch.from_file(str(path), shared=True, size=max(size, 1), dtype=torch.uint8)
+    os.ftruncate(descriptor, size)
+    return descriptor
 
 
 class Judge:
@@ -285,6 +312,7 @@ class Judge:
         self.verify = Checks(_VERIFY_CHECKS)
         self.timing = Checks(_TIMING_CHECKS)
         self.accounting: dict[str, float] = {}
+        self.observed: dict[str, int] = {}  # the most tasks and cores a call was seen using
         self.compare = False
 
     # the caller's channel -------------------------------------------------------------
@@ -328,7 +356,12 @@ class Judge:
             self._run_model(model, inputs, seed)
             for inputs, seed in zip(self.sets, self.seeds, strict=True)
         ]
-        self.exact = self._float64(model, self.sets)
+        self.model64 = self._float64(model)
+        self.exact = (
+            [self._run_model(self.model64, [_double(x) for x in xs], seed)
+             for xs, seed in zip(self.sets, self.seeds, strict=True)]
+            if self.model64 is not None else None
+        )  # fmt: skip
         self.out_items = [common.layout(out)[0] for out in self.expected]
         sizes = (
             max(common.layout(inputs)[1] for inputs in self.sets),
@@ -338,16 +371,14 @@ class Judge:
             torch.save(init, side.box / "init.pt")
             side.make_buffers(sizes)
 
-    def _float64(self, model: torch.nn.Module, sets: list[list[Any]]) -> list[Outputs] | None:
+    def _float64(self, model: torch.nn.Module) -> torch.nn.Module | None:
         """The reference in float64 (None when it cannot run so)."""
         try:
             exact = copy.deepcopy(model).double()
-            return [
-                self._run_model(exact, [_double(x) for x in inputs], seed)
-                for inputs, seed in zip(sets, self.seeds, strict=True)
-            ]
+            self._run_model(exact, [_double(x) for x in self.sets[0]], self.seeds[0])
         except Exception:  # a reference that only works in its own dtype
             return None
+        return exact
 
     def take(self, job: dict[str, Any]) -> None:
         """The caller's job for the candidate now in the boxes: it must be the one this
@@ -404,25 +435,35 @@ class Judge:
         items, _ = common.layout(inputs)
         for item, value in zip(items, inputs, strict=True):
             if isinstance(value, torch.Tensor):
-                common.tensor_view(side.inbuf, item).copy_(value)
+                common.write_item(side.infile, item, value)
         command = {
             "cmd": "call",
             "k": side.calls,
             "inputs": items,
-            "in_size": side.inbuf.numel(),
+            "in_size": side.in_size,
             "out": out_items,
-            "out_size": side.outbuf.numel(),
+            "out_size": side.out_size,
             "seed": seed,
         }
-        members = list(side.child.frozen) if self.device.type == "cpu" else []
-        before = side.books(members) if members else None  # on a GPU the device's time counts
+        side.tracked()
+        members = list(side.child.frozen)
+        tasks_before = tasks.snapshot(members)
+        before = side.books(members) if self.device.type == "cpu" else None  # GPU: its time
         start = time.perf_counter()  # the inputs are in place; the worker is stopped
         thaw(side.child)
         side.child.send(json.dumps(command))
         marks = [self._expect(side, mark, limit_s, f"a {phase} call") for mark in _MARKS]
         # read before `freeze`: a stop waits for a CPU as well, after the call
         after = side.books(members) if before else None
+        ran = tasks.observe(
+            tasks_before,
+            tasks.snapshot(side.child.members()),
+            side.core,
+            wall_s=time.perf_counter() - start,
+        )
         freeze(side.child)
+        side.tracked()
+        self._policy(side, ran)
         if any(mark.get("k") != side.calls for mark in marks):
             self.timing.fail("timing.call_count", side.role, f"call {side.calls} mismatched")
         side.calls += 1
@@ -437,13 +478,34 @@ class Judge:
             return Call(wall_ms, marked_ms, mismatch)
         return Call(wall_ms, marked_ms, mismatch, min(stolen, wall_ms), accounted=True)
 
+    def _policy(self, side: Side, ran: tasks.Observed) -> None:
+        """The thread and core policy, seen from outside: no more tasks ran during the
+        call than the policy's threads, on no core but the one it was pinned to."""
+        if side.role == "reference" and not self.compare:
+            return
+        self.observed["threads"] = max(self.observed.get("threads", 0), ran.running)
+        self.observed["cores"] = max(self.observed.get("cores", 0), len(ran.cores))
+        where = f"{side.role} call {side.calls}"
+        allowed = int(self.job["threads"])
+        if ran.running > allowed:
+            self.timing.fail(
+                "timing.threads", where, f"{ran.running} tasks ran (policy: {allowed})"
+            )
+        if ran.widened:
+            self.timing.fail("timing.threads", where, f"affinity widened to cores {ran.cores}")
+        if ran.parallel:
+            self.timing.fail("timing.threads", where, "ran on more than one core at once")
+        if side.core is not None:  # pinned again: what it widened holds no more
+            pin(side.child, side.core)
+
     def outputs(self, side: Side, out_items: list[dict]) -> Outputs:
-        return [common.tensor_view(side.outbuf, item).clone() for item in out_items]
+        return side.read(side.outfile, out_items)
 
     def inputs_after(self, side: Side, inputs: list[Any]) -> list[Any]:
         items, _ = common.layout(inputs)
+        tensors = iter(side.read(side.infile, [item for item in items if "offset" in item]))
         return [
-            common.tensor_view(side.inbuf, item).clone() if "offset" in item else value
+            next(tensors) if "offset" in item else value
             for item, value in zip(items, inputs, strict=True)
         ]
 
@@ -467,7 +529,7 @@ class Judge:
             wrong = self._judge_set(index, got, after)
             time.sleep(max(0.0, late_at - time.monotonic()))
             side.child.send(json.dumps({"cmd": "late", "out": self.out_items[index],
-                                        "out_size": side.outbuf.numel()}))  # fmt: skip
+                                        "out_size": side.out_size}))  # fmt: skip
             self._expect(side, "late", limit, "verify")
             freeze(side.child)
             if wrong:
@@ -492,8 +554,10 @@ class Judge:
                     )
                 else:
                     self._wrong(index, out, detail)
-            elif self.exact is not None and ref.dtype == torch.float32:
-                self._precision(index, out, ref, self.exact[index][number])
+            elif self.exact is not None:
+                detail = _imprecise(out, ref, self.exact[index][number])
+                if detail:
+                    self.verify.fail("precision.float64", where, detail)
         return wrong
 
     def _wrong(self, index: int, out: torch.Tensor, detail: str) -> None:
@@ -508,20 +572,6 @@ class Judge:
                 "output.fresh", where, f"returned the answer for input set {stale[0] + 1}"
             )
         self.verify.fail("output.values", where, detail)
-
-    def _precision(
-        self, index: int, out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor
-    ) -> None:
-        """float32 work must be about as exact as the float32 reference: an answer within
-        tolerance but with half-precision error was computed at half precision."""
-        error, ref_error = relative_error(out, exact), relative_error(ref, exact)
-        if error > max(PRECISION_FLOOR, PRECISION_FACTOR * ref_error):
-            self.verify.fail(
-                "precision.float64",
-                f"input set {index + 1}",
-                f"relative error {error:.2e} against a float64 reference, the float32 "
-                f"reference's is {ref_error:.2e} (half-precision arithmetic?)",
-            )
 
     def _late(self, index: int, wrong: list[int], late: Outputs) -> None:
         """Outputs `wrong` at `done` but right when read again: completed afterwards."""
@@ -549,6 +599,7 @@ class Judge:
         if self.device.type == "cpu":  # one core for both: a neighbour slows both alike
             core = quietest_core()
             for side in self.sides.values():
+                side.core = core
                 pin(side.child, core)
         started = time.monotonic()
         budget = started + min(TIMING_BUDGET_S, self.job["time_s"] * 0.8)
@@ -570,9 +621,14 @@ class Judge:
                 if self.compare:  # the incumbent's outputs are no standard
                     got["reference"] = self._run_model(self.model, inputs, seed)
                 self._judge_timed(k, inputs, got)
+                if final or _rng.random() < PRECISION_SHARE:
+                    self._judge_precision(k, inputs, seed, got)
             if final:
                 break
-        self.accounting = accounting_summary(calls)
+        self.accounting = {
+            **accounting_summary(calls),
+            **{f"{name}_seen": float(count) for name, count in self.observed.items()},
+        }
         return samples(calls, trusted_marks=not self.compare)
 
     def _limit(self, calls: dict[str, list[Call]]) -> float:
@@ -613,6 +669,19 @@ class Judge:
                     "timing.outputs", where, f"a timed output is wrong ({detail})"[:400]
                 )
 
+    def _judge_precision(
+        self, k: int, inputs: list[Any], seed: int, got: dict[str, Outputs]
+    ) -> None:
+        """A timed call's outputs as exact against a float64 reference as the verified
+        ones had to be: a candidate cannot be exact while verified and cheaper after."""
+        if self.model64 is None:
+            return
+        exact = self._run_model(self.model64, [_double(x) for x in inputs], seed)
+        for out, ref, best in zip(got["candidate"], got["reference"], exact, strict=True):
+            detail = _imprecise(out, ref, best)
+            if detail:
+                self.timing.fail("timing.precision", f"timed call {k + 1}", detail)
+
     # the whole evaluation -------------------------------------------------------------
     def run(self) -> None:
         self.load()
@@ -636,7 +705,7 @@ class Judge:
                 cand=candidate,
                 harness_ms=share,
                 checks=_checks(checks),
-                threads=int(self.job["threads"]),
+                threads=max(int(self.job["threads"]), self.observed.get("threads", 0)),
                 accounting=self.accounting,
             )
         )
@@ -646,6 +715,23 @@ class Judge:
         extra = side.child.pending()
         if extra:
             self.timing.fail("timing.call_count", side.role, f"{len(extra)} unasked reports")
+
+
+def _imprecise(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor) -> str:
+    """Why `out` is less exact against the float64 `exact` than its dtype's work ever
+    needs to be (and than the reference `ref` in that dtype, by `PRECISION_FACTOR`): an
+    answer within tolerance but computed at lower precision (fp32 work in half, fp64
+    work in fp32); '' when it is not."""
+    floor = common.precision_floor(ref.dtype)
+    if floor is None or not out.is_floating_point():
+        return ""
+    error, ref_error = relative_error(out, exact), relative_error(ref, exact)
+    if error <= max(floor, PRECISION_FACTOR * ref_error):
+        return ""
+    return (
+        f"relative error {error:.2e} against a float64 reference, the {ref.dtype} "
+        f"reference's is {ref_error:.2e} (lower-precision arithmetic?)"
+    )
 
 
 def _checks(raw: list[dict[str, Any]]) -> list[Check]:
@@ -677,10 +763,12 @@ def main(jobdir: Path) -> None:
     sides: dict[str, Side] = {}
     signal.signal(signal.SIGTERM, lambda *_: _die_cleanly(jobdir, sides))
     standby = json.loads((jobdir / "standby.json").read_text())
+    _cap_memory(standby)
     try:
         sides.update((role, Side(role, jobdir, standby)) for role in ROLES)
-        judge = Judge(jobdir, standby, token, sides)
-        judge.prepare()
+        with _reference_code("preparing the inputs"):
+            judge = Judge(jobdir, standby, token, sides)
+            judge.prepare()
         if sys.stdin.readline().strip() != protocol.JOB:
             raise SystemExit(0)
         judge.take(json.loads((jobdir / "job.json").read_text()))
@@ -688,10 +776,38 @@ def main(jobdir: Path) -> None:
     except SystemExit:
         pass
     except Stop as stop:
-        failed = protocol.Failed(stop.kind, stop.message, stop.log, stop.line)
-        print(json.dumps({**protocol.encode(failed), "token": token}), flush=True)
+        _fail(token, protocol.Failed(stop.kind, stop.message, stop.log, stop.line))
+    except Exception as error:  # this side's own failure: no candidate is judged by it
+        message = f"the judge failed: {type(error).__name__}: {error}"[:600]
+        _fail(token, protocol.Failed("evaluator_error", message))
     finally:
         _close(sides)
+
+
+@contextlib.contextmanager
+def _reference_code(doing: str) -> Iterator[None]:
+    """Where the judge runs the reference's own code: its failure is the reference's."""
+    try:
+        yield
+    except Stop:
+        raise
+    except Exception as error:
+        message = f"the reference failed {doing}: {type(error).__name__}: {error}"[:600]
+        raise Stop("reference_error", message) from None
+
+
+def _fail(token: str, failed: protocol.Failed) -> None:
+    print(json.dumps({**protocol.encode(failed), "token": token}), flush=True)
+
+
+def _cap_memory(job: dict[str, Any]) -> None:
+    """The judge's own address space, capped as a CPU worker's is (on a GPU the CUDA
+    driver maps far more than it uses: no cap there). Its memory depends on the problem
+    only: every message of a worker is capped (`process.MAX_LINE`), and outputs are
+    read in the layout the judge expects."""
+    if job["device"] == "cpu":
+        size = int(job["memory_mb"]) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (size, size))
 
 
 if __name__ == "__main__":

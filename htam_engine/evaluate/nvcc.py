@@ -1,20 +1,30 @@
-"""Compile-check CUDA sources with `nvcc -c` where no GPU can run them."""
+"""Compile-check CUDA sources with `nvcc -c` where no GPU can run them.
+
+The check reads candidate-written text, so it runs as a worker does (`sandbox.run`): in
+the sandbox of a scratch box, with the allowlisted environment, capped memory, files
+and processes, killed with its caller; and its log keeps only what concerns the
+candidate's own file (`excerpt.own_lines`): an `#include` of any other file cannot
+bring that file's text into the verdict or the next prompt.
+"""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import shutil
-import subprocess
 import sysconfig
 import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from htam_engine.machine import kill_process_group
+from htam_engine.evaluate import excerpt, sandbox
 
 ARCH = "sm_80"
+SOURCE_NAME = "kernel.cu"
+# cicc on the torch headers maps about 1 GB; a source that includes /dev/zero is stopped
+# here instead of growing until the limit.
+MEMORY_MB = 6144
 
 
 # What `load_inline` puts before the CUDA sources it compiles (torch.utils.cpp_extension).
@@ -142,36 +152,21 @@ def _include_flags() -> list[str]:
     return flags
 
 
-def nvcc_check(source: str, timeout_s: float) -> NvccResult:
-    """`nvcc -arch=sm_80 -c` on `source` with the torch headers reachable."""
+def nvcc_check(source: str, timeout_s: float, memory_mb: int = MEMORY_MB) -> NvccResult:
+    """`nvcc -arch=sm_80 -c` on `source` with the torch headers reachable, sandboxed."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         return NvccResult("absent", "nvcc not found on PATH")
-    with tempfile.TemporaryDirectory() as scratch:
-        path = Path(scratch) / "kernel.cu"
-        path.write_text(source)
-        command = [
-            nvcc,
-            f"-arch={ARCH}",
-            "-std=c++17",
-            *_include_flags(),
-            "-c",
-            str(path),
-            "-o",
-            str(Path(scratch) / "kernel.o"),
-        ]
-        proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
+    box = Path(tempfile.mkdtemp(prefix="htam-nvcc-"))
+    try:
+        (box / SOURCE_NAME).write_text(source)
+        command = [nvcc, f"-arch={ARCH}", "-std=c++17", *_include_flags(), "-c", SOURCE_NAME]
+        ran = sandbox.run(
+            [*command, "-o", "kernel.o"], box, timeout_s=timeout_s, memory_mb=memory_mb
         )
-        try:
-            log, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_process_group(proc.pid)
-            proc.wait()
-            return NvccResult("timeout", f"nvcc ran over its limit of {timeout_s:g} s")
-    status = "compiled" if proc.returncode == 0 else "rejected"
-    return NvccResult(status, log.replace(str(path), "kernel.cu"))
+    finally:
+        shutil.rmtree(box, ignore_errors=True)
+    if ran.returncode is None:
+        return NvccResult("timeout", f"nvcc ran over its limit of {timeout_s:g} s")
+    log = excerpt.own_lines(ran.output.replace(str(box / SOURCE_NAME), SOURCE_NAME), {SOURCE_NAME})
+    return NvccResult("compiled" if ran.returncode == 0 else "rejected", log)

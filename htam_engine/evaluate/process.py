@@ -2,17 +2,18 @@
 
 Each line read is stamped with the reader's own clock (`_t`), so a child cannot say when
 it answered. A child started with a `token` gets it as its first stdin line and only its
-lines carrying it count: another process writing into the pipe cannot forge them.
+lines carrying it count: another process writing into the pipe cannot forge them. What a
+child may say is bounded: a line over `MAX_LINE` bytes, or more than `MAX_OUTPUT` in all,
+ends the reading, and the next wait fails (`protocol.messages`): a worker that floods
+its pipe cannot take the reader's memory.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import queue
-import resource
 import signal
 import stat
 import subprocess
@@ -23,10 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from htam_engine.evaluate import reaper, sandbox
 from htam_engine.machine import kill_process_group
 from htam_engine.procs import descendants
 
 EOF_EVENT = "__eof__"
+FLOOD_EVENT = "__flood__"
+MAX_LINE = 1 << 20  # the longest report a worker sends is a compiler log (~20 kB)
+MAX_OUTPUT = 32 << 20  # all lines of one child together
 _POLL_S = 0.05
 
 
@@ -39,22 +44,6 @@ class Stop(Exception):
         self.message = message
         self.log = log
         self.line = line
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _preexec(memory_mb: int | None, death_signal: int) -> Callable[[], None]:
-    """In the child before exec: the address-space cap, and a signal when its parent dies
-    (so killing the caller, even with SIGKILL, takes the child down)."""
-
-    def apply() -> None:
-        if memory_mb:
-            size = memory_mb << 20
-            resource.setrlimit(resource.RLIMIT_AS, (size, size))
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, death_signal)
-
-    return apply
 
 
 def python_module(module: str, *args: str) -> list[str]:
@@ -88,8 +77,7 @@ class Child:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
-                text=True,
-                preexec_fn=_preexec(memory_mb, death_signal),
+                preexec_fn=sandbox.limits(memory_mb, death_signal),
             )
         if token is not None:
             self.send(token)
@@ -97,11 +85,17 @@ class Child:
 
     def _read(self) -> None:
         assert self.popen.stdout is not None
-        for line in self.popen.stdout:
+        total = 0
+        while line := self.popen.stdout.readline(MAX_LINE + 1):
             stamp = time.perf_counter()
+            total += len(line)
+            if len(line) > MAX_LINE or total > MAX_OUTPUT:
+                what = f"a line over {MAX_LINE} bytes" if len(line) > MAX_LINE else "too much"
+                self.events.put({"event": FLOOD_EVENT, "what": what, "_t": stamp})
+                return  # nothing more is read: the wait that takes this event stops
             try:
                 event = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 continue
             if not isinstance(event, dict):
                 continue
@@ -114,7 +108,7 @@ class Child:
     def send(self, command: str) -> None:
         assert self.popen.stdin is not None
         try:
-            self.popen.stdin.write(command + "\n")
+            self.popen.stdin.write(command.encode() + b"\n")
             self.popen.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # it died; the next wait reports how
@@ -130,7 +124,9 @@ class Child:
             self.popen.wait()
 
     def members(self) -> list[int]:
-        return [self.popen.pid, *descendants(self.popen.pid)]
+        """The processes below this child (a sandboxed command's reaper, which is
+        trusted and never stopped): every process the command made, wherever it went."""
+        return reaper.tree(self.popen.pid)
 
     def wait_for(
         self,
@@ -163,6 +159,8 @@ class Child:
                 )
             if event.get("event") == EOF_EVENT:
                 raise self._death(phase)
+            if event.get("event") == FLOOD_EVENT:
+                raise self._flood(phase, str(event["what"]))
             if on_other is not None:
                 on_other(event)
 
@@ -176,12 +174,20 @@ class Child:
                 self.events.put(event)
         return [event for event in found if event.get("event") != EOF_EVENT]
 
+    def _flood(self, phase: str, what: str) -> Stop:
+        if self.name == "judge":
+            return Stop("evaluator_error", f"the judge wrote {what} during {phase}")
+        return Stop("cheating", f"protocol.messages: the {self.name} wrote {what} during {phase}")
+
     def _death(self, phase: str) -> Stop:
         code = self.popen.wait()
         if code > 128 and code - 128 in signal.valid_signals():
             code = 128 - code  # a sandbox reports its child's signal as 128 + signal
         tail = _tail(self.log, 1500)
-        if self.name in ("judge", "reference"):
+        if self.name == "judge":  # trusted: its failure is no code's under evaluation
+            last = tail.strip().splitlines()[-1:] or [f"exit status {code}"]
+            return Stop("evaluator_error", f"the judge failed during {phase}: {last[0]}", tail)
+        if self.name == "reference":
             last = tail.strip().splitlines()[-1:] or ["no output"]
             return Stop("reference_error", f"the reference failed during {phase}: {last[0]}", tail)
         if code < 0:

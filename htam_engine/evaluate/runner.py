@@ -49,7 +49,12 @@ RUN_TO_RUN_CV = {"cpu": 0.045, "cuda": 0.01}
 LOCK_WAIT_S = 3600.0  # others' timings are bounded; waiting for them is no candidate's fault
 # Not the candidate's doing: a reference that fails today (out of memory, a fixed bug)
 # may run tomorrow, and a cancelled or timed-out evaluation said nothing.
-_UNCACHED = (ErrorKind.CANCELLED, ErrorKind.TIMEOUT, ErrorKind.REFERENCE_ERROR)
+_UNCACHED = (
+    ErrorKind.CANCELLED,
+    ErrorKind.TIMEOUT,
+    ErrorKind.REFERENCE_ERROR,
+    ErrorKind.EVALUATOR_ERROR,
+)
 _INCORRECT = frozenset({"output.shape", "output.dtype", "output.finite", "output.values"})
 _NOT_CUSTOM = frozenset(
     {"runtime.torch_ops", "runtime.library", "static.torch_compute", "static.triton_launch"}

@@ -1,21 +1,33 @@
-"""The sandbox every candidate process runs in: bubblewrap where it can run, else none.
+"""The sandbox every process that reads, compiles or runs candidate-written text runs in
+(a worker, the nvcc compile check, the size estimate): bubblewrap where it can run, else
+none, and the same limits either way.
 
-Under bwrap a worker gets private PID, IPC, network, UTS and user namespaces, a read-only
-view of the machine with the user's home, `HTAM_HOME`, `/tmp` and `/run` hidden, one
-writable folder (its box), no capabilities, and dies with its parent (the judge); GPU
-device nodes are bound only for CUDA. Without bwrap the same scrubbed environment and
-memory cap apply, but the file system and other processes stay reachable.
+Under bwrap a command gets private PID, IPC, network, UTS and user namespaces, a
+read-only view of the machine with the user's home, `HTAM_HOME`, `/tmp` and `/run`
+hidden, one writable folder (its box), no capabilities, and dies with its parent; GPU
+device nodes are bound only for CUDA. Either way it gets only the allowlisted
+environment, an address-space cap and a file-size cap (`limits`), its own process group,
+a death signal, and a trusted subreaper (`reaper.py`) that keeps every process it
+creates in its tree and caps their number. Without bwrap the file system and other
+processes stay reachable.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import glob
 import os
+import resource
 import shutil
+import signal
 import site
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import htam_engine
@@ -23,6 +35,7 @@ from htam_engine import machine
 from htam_engine.paths import home
 
 MODES = ("bwrap", "none")
+_PACKAGE_ROOT = str(Path(htam_engine.__file__).resolve().parent.parent)
 _HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/dev/shm", "/mnt", "/media")
 
 
@@ -63,6 +76,7 @@ def environment(box: Path, threads: int) -> dict[str, str]:
         XDG_CACHE_HOME=str(box / "cache"),
         TORCH_EXTENSIONS_DIR=str(box / "torch_extensions"),
         TRITON_CACHE_DIR=str(box / "triton"),
+        PYTHONPATH=_PACKAGE_ROOT,  # the worker runs the judge's HTAM, not another install
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONNOUSERSITE="1",
         OMP_NUM_THREADS=str(threads),
@@ -78,7 +92,7 @@ def _needed() -> list[str]:
         sys.prefix,
         sys.base_prefix,
         str(Path(sys.executable).resolve().parent),
-        str(Path(htam_engine.__file__).resolve().parent.parent),
+        _PACKAGE_ROOT,
         *site.getsitepackages(),
     }
     return sorted(p for p in paths if os.path.isdir(p))
@@ -111,8 +125,99 @@ def _bwrap_argv(box: Path, device: str) -> list[str]:
     return [*argv, "--die-with-parent", "--new-session", "--"]
 
 
+MAX_PROCESSES = 256  # below one reaper: a compiler tree needs a dozen
+MAX_FILE_MB = 4096  # one file a sandboxed command writes (a build's objects: ~100 MB)
+REAPER = str(Path(__file__).with_name("reaper.py"))
+_PR_SET_PDEATHSIG = 1
+
+
 def command(argv: list[str], box: Path, device: str) -> list[str]:
-    """`argv` as it runs in the sandbox of `box` (unchanged when there is none)."""
+    """`argv` as it runs in the sandbox of `box`, below its reaper."""
+    reaper = [sys.executable, "-I", "-S", REAPER, str(MAX_PROCESSES), "--"]
     if sandbox_mode() == "bwrap":
-        return _bwrap_argv(box, device) + argv
-    return argv
+        return reaper + _bwrap_argv(box, device) + argv
+    return reaper + argv
+
+
+def limits(memory_mb: int | None, death_signal: int = signal.SIGTERM) -> Callable[[], None]:
+    """The `preexec_fn` of a sandboxed command (run in the child before exec): the
+    address-space cap (none on a GPU: the CUDA driver maps far more than it uses), the
+    file-size cap, and `death_signal` when its parent dies, even of SIGKILL (the reaper
+    takes SIGTERM as the order to kill its whole tree)."""
+
+    def apply() -> None:
+        if memory_mb:
+            size = memory_mb << 20
+            resource.setrlimit(resource.RLIMIT_AS, (size, size))
+        size = MAX_FILE_MB << 20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, death_signal)
+
+    return apply
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How a one-shot sandboxed command ended: its exit status (None: killed at its
+    time limit) and the first `output_cap` bytes of its output."""
+
+    returncode: int | None
+    output: str
+
+
+def run(
+    argv: list[str],
+    box: Path,
+    *,
+    timeout_s: float,
+    memory_mb: int | None,
+    device: str = "cpu",
+    input_text: str = "",
+    output_cap: int = 64 << 10,
+) -> Ran:
+    """Run `argv` once in the sandbox of `box` (its home, cwd and only writable folder)
+    with `input_text` on stdin; stdout and stderr together, capped (the rest is read and
+    dropped). Killed with its whole tree at `timeout_s` or when this process dies."""
+    (box / "tmp").mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        command(argv, box, device),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=environment(box, 1),
+        cwd=box,
+        start_new_session=True,
+        preexec_fn=limits(memory_mb),
+    )
+    kept = bytearray()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        while chunk := os.read(proc.stdout.fileno(), 1 << 16):
+            kept.extend(chunk[: max(0, output_cap - len(kept))])
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert proc.stdin is not None
+    with contextlib.suppress(OSError):
+        proc.stdin.write(input_text.encode())
+        proc.stdin.close()
+    try:
+        code: int | None = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+        stop(proc)
+    machine.kill_process_group(proc.pid)
+    proc.wait()
+    reader.join(timeout=5)
+    return Ran(code, kept.decode(errors="replace"))
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 2.0) -> None:
+    """Stop a sandboxed command: its reaper kills the whole tree (processes that left
+    its group included), then the group is killed, reaper and all."""
+    with contextlib.suppress(OSError):
+        proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    machine.kill_process_group(proc.pid)

@@ -1,0 +1,52 @@
+"""Every task a worker creates is tracked from outside (its reaper is a subreaper, with
+or without bwrap): stopped between calls, charged, seen running, killed at the end; and
+the thread and core policy is checked from /proc (`timing.threads`)."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from helpers.candidates import CANDIDATES, MODES, failed, measure, sandboxed
+
+from htam_engine.evaluate.runner import timing_threads
+
+
+def _left(home: Path) -> list[int]:
+    """Live processes started for an evaluation under `home` (a worker, or a helper it
+    forked: its command line names the job folder)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmdline = Path(entry.path, "cmdline").read_bytes()
+                state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if str(home).encode() in cmdline and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ["double_fork_burner", "widen_affinity", "static_init_thread"])
+def test_work_outside_the_policy_is_cheating_by_timing_threads(name, mode, monkeypatch, htam_home):
+    with sandboxed(mode, monkeypatch):
+        verdict = measure(CANDIDATES / "adversarial" / f"{name}.py")
+    assert verdict.error is not None and verdict.error.kind == "cheating", verdict.error
+    assert "timing.threads" in failed(verdict), verdict.checks
+    assert "timing.threads" in verdict.error.message
+    deadline = time.monotonic() + 5
+    while _left(htam_home) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _left(htam_home), "a helper outlived its evaluation"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_honest_openmp_kernel_runs_with_the_policys_threads(mode, monkeypatch):
+    with sandboxed(mode, monkeypatch):
+        verdict = measure(CANDIDATES / "honest" / "openmp.py")
+    assert verdict.correct and verdict.error is None, verdict.error
+    assert verdict.threads == timing_threads()
+    assert verdict.spread["threads_seen"] == timing_threads()
+    assert verdict.spread["cores_seen"] == 1
