@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
+from htam_engine.evaluate.static import LAYOUT_OPS, RANDOM_OPS
 from htam_engine.kernels import CompileError
 
 _OOM = re.compile(
@@ -24,6 +25,64 @@ _OOM = re.compile(
 _CUDA = re.compile(r"CUDA error|CUDA kernel errors|cudaError|illegal memory access", re.I)
 _ALIGN = 64
 _ENTRY_SIGNATURE = r"((?:torch::Tensor|at::Tensor|std::vector<torch::Tensor>)\s+{name}\s*\([^)]*\))"
+
+
+# aten ops that only allocate, view or copy, as the op recorder names them: anything else
+# a candidate's forward runs is torch compute.
+RECORDED_LAYOUT_OPS = (
+    LAYOUT_OPS
+    | RANDOM_OPS
+    | {
+        "new_empty_strided",
+        "_unsafe_view",
+        "_reshape_alias",
+        "_to_copy",
+        "select",
+        "slice",
+        "as_strided",
+        "alias",
+        "lift_fresh",
+        "resize_",
+        "set_",
+        "split",
+        "unbind",
+        "empty_like",
+        "is_nonzero",
+        "item",
+        "_local_scalar_dense",
+        "from_file",  # the harness maps its buffers
+        "flatten",
+        "unflatten",
+        "narrow",
+        "view_as",
+        "reshape_as",
+        "expand_as",
+        "resolve_conj",
+        "resolve_neg",
+    }
+)
+CANARY_OP = "frac"  # what the harness runs the judge's number of times before each call
+
+
+def torch_compute(ops: dict[str, int], canaries: int) -> tuple[list[str], str]:
+    """(the torch compute ops in a worker's raw record `ops`, why the record cannot be
+    believed or ''): the judge's canaries must all be there; those beyond them are the
+    candidate's own."""
+    recorded = int(ops.get(CANARY_OP, 0))
+    missing = (
+        f"{canaries - recorded} of the judge's {canaries} canary ops are missing from the "
+        "record (the op recorder was switched off or replaced)"
+        if recorded < canaries
+        else ""
+    )
+    compute = sorted(
+        op
+        for op, count in ops.items()
+        if op not in RECORDED_LAYOUT_OPS
+        and op + "_" not in RECORDED_LAYOUT_OPS
+        and not (op == CANARY_OP and count <= canaries)
+    )
+    return compute, missing
 
 
 class CandidateError(Exception):

@@ -168,6 +168,12 @@ def timing_lock(device: str) -> Iterator[None]:
 
 
 _MARKS = ("staged", "done", "stored")
+# the kinds a candidate's failure may have (its own error report, its death, its time):
+# it cannot report a `reference_error` or `evaluator_error` to go unjudged
+_WORKER_FAILURES = frozenset(
+    {"compile_error", "runtime_error", "oom", "cuda_error", "crash", "timeout", "cancelled"}
+    | {"cheating"}
+)
 _FLOOR_MS = 1e-6
 
 
@@ -253,6 +259,7 @@ class Side:
         self.calls = 0
         self.main: int | None = None  # the worker's own process, found at its first call
         self.core: int | None = None  # the core it is pinned to while timed
+        self.canaries = 0  # canary ops asked for: its op record must hold them all
 
     def books(self, members: list[int]) -> accounting.Books | None:
         """The kernel's accounting of the worker's processes `members`."""
@@ -411,6 +418,9 @@ class Judge:
         try:
             event = side.child.wait_for(wanted, limit_s, phase, threading.Event(), unasked)
         except Stop as stop:
+            if side.role == "candidate" and stop.kind not in _WORKER_FAILURES:
+                message = f"protocol.messages: the {side.role} reported a {stop.kind!r} failure"
+                raise Stop("cheating", message[:300]) from None
             if side.role == "reference" and self.compare:  # not the reference's fault
                 raise Stop(
                     "runtime_error", f"the incumbent failed: {stop.message}", stop.log
@@ -436,6 +446,8 @@ class Judge:
         for item, value in zip(items, inputs, strict=True):
             if isinstance(value, torch.Tensor):
                 common.write_item(side.infile, item, value)
+        canary = _rng.randint(1, 3)
+        side.canaries += canary
         command = {
             "cmd": "call",
             "k": side.calls,
@@ -444,6 +456,7 @@ class Judge:
             "out": out_items,
             "out_size": side.out_size,
             "seed": seed,
+            "canary": canary,
         }
         side.tracked()
         members = list(side.child.frozen)
@@ -583,12 +596,27 @@ class Judge:
             )
 
     def report(self) -> list[dict[str, Any]]:
+        """The worker's runtime checks, and `runtime.torch_ops` decided here from its raw
+        op record, which must hold every canary op this side asked for."""
         side = self.sides["candidate"]
         thaw(side.child)
         side.child.send(json.dumps({"cmd": "report"}))
-        checks: list[dict[str, Any]] = self._expect(side, "report", 30, "report")["checks"]
+        event = self._expect(side, "report", 30, "report")
         freeze(side.child)
-        return checks
+        worker = event.get("checks")
+        ops = event.get("ops")
+        if not isinstance(worker, list) or not isinstance(ops, dict):
+            raise Stop("cheating", "protocol.messages: a malformed report")
+        if not all(_well_formed(check) for check in worker):
+            raise Stop("cheating", "protocol.messages: a malformed check in the report")
+        checks = [check for check in worker if check["name"] != "runtime.torch_ops"]
+        counts = {str(op): n for op, n in ops.items() if isinstance(n, int)}
+        compute, missing = common.torch_compute(counts, side.canaries)
+        return [
+            common.check("runtime.torch_ops", not compute, "torch computes: " + ", ".join(compute)),
+            common.check("runtime.recorder", not missing, missing),
+            *checks,
+        ]
 
     # timing ---------------------------------------------------------------------------
     def time_all(self) -> tuple[list[float], list[float], float]:
@@ -689,7 +717,8 @@ class Judge:
         self.wait_caller(protocol.VERIFY)
         self.verify_all()
         runtime = self.report()
-        count = [c for c in self.timing.as_list() if c["name"] == "timing.call_count"]
+        seen = ("timing.call_count", "timing.threads")  # known before any timing
+        count = [c for c in self.timing.as_list() if c["name"] in seen]
         checks = self.verify.as_list() + runtime + count
         self.emit(protocol.Verified(_checks(checks), len(self.sets)))
         self.wait_caller(protocol.TIME)
@@ -731,6 +760,15 @@ def _imprecise(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor) -> str
     return (
         f"relative error {error:.2e} against a float64 reference, the {ref.dtype} "
         f"reference's is {ref_error:.2e} (lower-precision arithmetic?)"
+    )
+
+
+def _well_formed(check: Any) -> bool:
+    return (
+        isinstance(check, dict)
+        and isinstance(check.get("name"), str)
+        and isinstance(check.get("passed"), bool)
+        and isinstance(check.get("detail", ""), str)
     )
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from htam_engine import machine, stats, triton_backend
-from htam_engine.evaluate import cache, excerpt, protocol, standby
+from htam_engine.evaluate import cache, excerpt, protocol, sandbox, standby
 from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
 from htam_engine.evaluate.process import Child, Stop
 from htam_engine.evaluate.sandbox import sandbox_mode
@@ -89,6 +89,8 @@ def evaluate(
     mode = sandbox_mode()
     content = candidate_source if incumbent is None else f"{candidate_source}\0vs\0{incumbent}"
     content += f"\0run\0{run}" if run else ""
+    siblings = sandbox.named_siblings(task.impl_path, candidate_source)  # the box holds them
+    content += "".join(f"\0{name}\0{text}" for name, text in siblings.items())
     key = cache.key(task, content, resolved, limits, sandbox=mode)  # policy too
     if use_cache and (hit := cache.get(key, sandbox=mode)) is not None:
         return hit
@@ -293,6 +295,9 @@ def _write_job(
         if code is not None:
             (started.jobdir / role / "candidate").mkdir()
             (started.jobdir / role / "candidate" / name).write_text(code)
+            sandbox.place_siblings(
+                sandbox.named_siblings(task.impl_path, code), started.jobdir / role / "candidate"
+            )
             (started.jobdir / role / "job.json").write_text(json.dumps(candidate_job))
     if incumbent is None:
         (started.jobdir / "reference" / "reference.py").write_text(task.reference_source)

@@ -125,6 +125,38 @@ def _bwrap_argv(box: Path, device: str) -> list[str]:
     return [*argv, "--die-with-parent", "--new-session", "--"]
 
 
+# Files next to the candidate that it names: copied into its box, read-only (an honest
+# `cpp_extension.load` of a sibling `.cpp`); never through a link, never a large file.
+SIBLING_SUFFIXES = frozenset({".cpp", ".cc", ".cxx", ".c", ".cu", ".cuh", ".h", ".hpp"})
+MAX_SIBLING_BYTES = 1 << 20
+
+
+def named_siblings(candidate: Path | None, source: str) -> dict[str, str]:
+    """The source files next to `candidate` whose names `source` mentions, by name."""
+    if candidate is None or not candidate.parent.is_dir():
+        return {}
+    found = {}
+    for path in sorted(candidate.parent.iterdir()):
+        if path.suffix not in SIBLING_SUFFIXES or path.name not in source or path == candidate:
+            continue
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if (
+                path.is_file()
+                and not path.is_symlink()
+                and path.stat().st_size <= MAX_SIBLING_BYTES
+            ):
+                found[path.name] = path.read_text()
+    return found
+
+
+def place_siblings(siblings: dict[str, str], folder: Path) -> None:
+    """Write `siblings` into the box's `folder`, read-only."""
+    for name, text in siblings.items():
+        path = folder / name
+        path.write_text(text)
+        path.chmod(0o444)
+
+
 MAX_PROCESSES = 256  # below one reaper: a compiler tree needs a dozen
 MAX_FILE_MB = 4096  # one file a sandboxed command writes (a build's objects: ~100 MB)
 REAPER = str(Path(__file__).with_name("reaper.py"))

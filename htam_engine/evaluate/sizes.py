@@ -1,8 +1,8 @@
 """How much memory a problem needs, estimated before anything runs, and the refusal of a
 problem this machine cannot hold (`--scale` shrinks it, see `task.scale_reference`).
 
-The estimate comes from a trusted child process (`python -m htam_engine.evaluate.sizes`,
-the caller imports no torch) that imports the reference, as the judge does, and calls
+The estimate comes from a child process (`python -m htam_engine.evaluate.sizes`, the
+caller imports no torch) in the sandbox a worker gets, that imports the reference and calls
 `get_inputs()` and the reference's forward under `torch.device("meta")`: shapes and dtypes
 without a byte allocated. A problem that cannot run on meta tensors gets no estimate
 (nothing is refused on a guess). Estimates are kept under the HTAM home by content.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 
 from htam_engine import machine
 from htam_engine.errors import TooLarge
+from htam_engine.evaluate import sandbox
 from htam_engine.evaluate.verdict import Limits
 from htam_engine.paths import subdir
 from htam_engine.task import SCALED_SIZES, Task, scale_reference
@@ -93,28 +93,23 @@ def estimate(task: Task) -> Estimate:
         return Estimate(**json.loads(kept.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    try:
-        done = subprocess.run(
+    box = Path(tempfile.mkdtemp(prefix="htam-sizes-"))
+    try:  # it imports code it did not write: in the sandbox, as a worker
+        ran = sandbox.run(
             [sys.executable, "-m", "htam_engine.evaluate.sizes"],
-            input=task.reference_source,
-            capture_output=True,
-            text=True,
-            timeout=ESTIMATE_TIMEOUT_S,
-            env=machine.trusted_env(),  # it imports the reference outside the sandbox
-            preexec_fn=_capped,  # a get_inputs that allocates for real cannot take the machine
+            box,
+            timeout_s=ESTIMATE_TIMEOUT_S,
+            memory_mb=Limits().memory_mb,
+            input_text=task.reference_source,
         )
-        found = json.loads(done.stdout.strip().splitlines()[-1])
+        found = json.loads(ran.output.strip().splitlines()[-1])
         result = Estimate(found.get("inputs"), found.get("outputs"), str(found.get("why", "")))
-    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+    except (ValueError, IndexError, OSError, AttributeError):
         return Estimate(None, None, "no estimate: the reference does not run on meta tensors")
+    finally:
+        shutil.rmtree(box, ignore_errors=True)
     kept.write_text(json.dumps(result.__dict__))
     return result
-
-
-def _capped() -> None:
-    """The estimating child's address space, capped as a CPU worker's is."""
-    cap = Limits().memory_mb * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
 def _available_memory() -> int | None:

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,6 @@ from torch.autograd.profiler import profile
 
 from htam_engine import kernels, triton_backend
 from htam_engine.evaluate import common
-from htam_engine.evaluate.static import LAYOUT_OPS, RANDOM_OPS
 
 _GUARDED = common.guarded_attributes()
 _WATCH = threading.Event()  # set while the model runs
@@ -35,40 +35,6 @@ _FRAME_EVENTS: list[str] = []
 _LIBRARY_CALLS: list[str] = []
 _LIBRARY_DIRS = ("/numpy/", "/scipy/", "/numba/", "/jax/", "/cupy/")
 _CONVERSIONS = frozenset({"numpy", "from_numpy", "__array__", "asarray", "array"})
-
-# aten ops that only allocate, view or copy: anything else in forward is torch compute.
-_LAYOUT_OPS = (
-    LAYOUT_OPS
-    | RANDOM_OPS
-    | {
-        "new_empty_strided",
-        "_unsafe_view",
-        "_reshape_alias",
-        "_to_copy",
-        "select",
-        "slice",
-        "as_strided",
-        "alias",
-        "lift_fresh",
-        "resize_",
-        "set_",
-        "split",
-        "unbind",
-        "empty_like",
-        "is_nonzero",
-        "item",
-        "_local_scalar_dense",
-        "from_file",  # the harness maps its buffers
-        "flatten",
-        "unflatten",
-        "narrow",
-        "view_as",
-        "reshape_as",
-        "expand_as",
-        "resolve_conj",
-        "resolve_neg",
-    }
-)
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -121,12 +87,12 @@ _INSIDE_ALLOWED = frozenset(
 )
 
 
-def _ops(prof: profile, allowed: frozenset[str]) -> tuple[set[str], set[str]]:
+def _ops(prof: profile, allowed: frozenset[str]) -> tuple[Counter[str], set[str]]:
     """(ops that ran outside every allowed op, the allowed ops that ran). An op run
     inside an allowed one is part of it when it is one of `_INSIDE_ALLOWED` (or layout,
     or allowed itself); of nested allowed ops (`linear` calling `addmm`) the outermost
     is named."""
-    free: set[str] = set()
+    free: Counter[str] = Counter()
     used: set[str] = set()
     for event in prof.function_events:
         outer, node = None, event.cpu_parent
@@ -140,7 +106,7 @@ def _ops(prof: profile, allowed: frozenset[str]) -> tuple[set[str], set[str]]:
         elif outer is not None and (name in _INSIDE_ALLOWED or name.rstrip("_") in allowed):
             used.add(outer)  # e.g. `mv` running `addmv_`
         else:
-            free.add(name)
+            free[name] += 1
     return free, used
 
 
@@ -154,7 +120,8 @@ class Harness:
         self.candidate_path = box / self.job.get("candidate_file", "reference.py")
         self.threads_before: set[int | None] = set()
         self.model: Any = None
-        self.ops: set[str] = set()
+        self.ops: Counter[str] = Counter()  # aten ops outside the allowed ones, counted
+        self.canary = torch.ones(1)
         # the aten ops the trusted side's policy lets torch compute (`--allow-torch`)
         self.allowed = frozenset(str(op) for op in self.job.get("allow_torch", []))
         self.used: set[str] = set()
@@ -232,6 +199,8 @@ class Harness:
         if self.flush is not None:
             self.flush.zero_()
         self._seed(command.get("seed"))
+        for _ in range(int(command.get("canary", 0))):  # the judge counts them in the record
+            torch.ops.aten.frac(self.canary)
         self._sync()
         self.emit(event="staged", k=command["k"], t=time.perf_counter())
         with torch.no_grad():
@@ -298,17 +267,18 @@ class Harness:
             torch.cuda.synchronize()
 
     def report(self) -> None:
-        self.profiler.__exit__(None, None, None)
-        free, used = _ops(self.profiler, self.allowed)
-        self.ops |= free
+        try:
+            self.profiler.__exit__(None, None, None)
+            free, used = _ops(self.profiler, self.allowed)
+        except Exception:  # switched off from inside: the judge misses its canaries
+            free, used = Counter(), set()
+        self.ops += free
         self.used |= used
         self._record()
-        self.emit(event="report", checks=self._runtime_checks())
+        # the raw counts: the judge decides what is compute, and checks its canaries
+        self.emit(event="report", checks=self._runtime_checks(), ops=dict(self.ops))
 
     def _runtime_checks(self) -> list[dict[str, Any]]:
-        compute = sorted(
-            op for op in self.ops if op not in _LAYOUT_OPS and op + "_" not in _LAYOUT_OPS
-        )
         patched = common.changed_attributes(_GUARDED)
         threads = [
             t.name
@@ -318,7 +288,6 @@ class Harness:
         libraries = sorted(set(_LIBRARY_CALLS))
         frames = _FRAME_EVENTS[:1]
         return [
-            common.check("runtime.torch_ops", not compute, "torch computes: " + ", ".join(compute)),
             # what the policy let torch compute: the caller checks it against its policy
             {
                 "name": "runtime.allowed_torch_ops",
