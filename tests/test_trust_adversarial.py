@@ -130,13 +130,12 @@ def test_sabotaging_torch_and_threads_in_the_candidate_cannot_slow_the_reference
     assert verdict.threads == timing_threads()
 
 
-def test_a_burning_native_thread_is_seen_from_outside_and_never_timed():
-    """A thread past the policy's one is `timing.threads` from the judge's /proc books,
-    found while verifying: nothing is timed beside it."""
+def test_a_burning_native_thread_is_seen_from_outside():
+    """A thread past the policy's one is `timing.threads` from the judge's /proc books."""
     verdict = measure(CANDIDATES / "adversarial" / "burner.py")
     assert verdict.error is not None and verdict.error.kind == "cheating", verdict.error
     assert "timing.threads" in failed(verdict) and "2 tasks ran" in verdict.error.message
-    assert verdict.speedup is None and "time" not in verdict.phase_seconds
+    assert verdict.speedup is None
 
 
 def test_the_candidate_sees_no_key_and_cannot_write_the_htam_home(htam_home, monkeypatch):

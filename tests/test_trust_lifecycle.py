@@ -62,8 +62,9 @@ def test_killing_htam_eval_leaves_no_process_and_no_job_folder(htam_home, signum
     command = [sys.executable, "-m", "htam_engine.cli", "eval", str(task), str(task), "--no-cache"]
     caller = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     workers = lambda: [p for p in processes_mentioning(str(htam_home)) if p != caller.pid]  # noqa: E731
-    try:
-        assert wait_until(lambda: len(workers()) >= 3, 60), "the evaluation never started"
+    jobs = lambda: processes_mentioning(str(htam_home / "jobs"))  # noqa: E731
+    try:  # the judge, both reapers and their workers (not the size estimate before them)
+        assert wait_until(lambda: len(jobs()) >= 5, 90), "the evaluation never started"
         time.sleep(1.0)  # the candidate is now inside its hanging call
         caller.send_signal(signum)
         caller.wait(10)

@@ -67,6 +67,7 @@ CALL_LIMIT_FACTOR = 500.0  # a timed call may take this many times the reference
 CALL_LIMIT_FLOOR_S = 2.0  # ... or this long, whichever is more
 PRECISION_FACTOR = 16.0
 PRECISION_SHARE = 0.3  # of the judged timed calls, besides the last, checked in float64 too
+PRECISION_SAMPLES = 3  # ... at most (the float64 reference is slow: a GEMM, 1 thread)
 _PR_SET_CHILD_SUBREAPER = 36
 _rng = secrets.SystemRandom()
 
@@ -320,6 +321,7 @@ class Judge:
         self.timing = Checks(_TIMING_CHECKS)
         self.accounting: dict[str, float] = {}
         self.observed: dict[str, int] = {}  # the most tasks and cores a call was seen using
+        self.precise = 0  # timed calls checked against float64
         self.compare = False
 
     # the caller's channel -------------------------------------------------------------
@@ -439,9 +441,12 @@ class Judge:
         limit_s: float,
         seed: int,
         phase: str = "time",
+        policed: bool = False,
     ) -> Call:
         """Run one call on `side` (seeded with `seed` before its forward), timed by this
-        process's clock; the side is left stopped, its outputs in its `out.bin`."""
+        process's clock; the side is left stopped, its outputs in its `out.bin`. A
+        `policed` call (timed, past warm-up, on a CPU) is held to the thread and core
+        policy."""
         items, _ = common.layout(inputs)
         for item, value in zip(items, inputs, strict=True):
             if isinstance(value, torch.Tensor):
@@ -460,23 +465,22 @@ class Judge:
         }
         side.tracked()
         members = list(side.child.frozen)
-        tasks_before = tasks.snapshot(members)
-        before = side.books(members) if self.device.type == "cpu" else None  # GPU: its time
+        cpu = self.device.type == "cpu"  # on a GPU the device's time counts, and the
+        # driver's own threads are no policy's business
+        tasks_before = tasks.snapshot(members) if cpu and policed else None
+        before = side.books(members) if cpu else None
         start = time.perf_counter()  # the inputs are in place; the worker is stopped
         thaw(side.child)
         side.child.send(json.dumps(command))
         marks = [self._expect(side, mark, limit_s, f"a {phase} call") for mark in _MARKS]
         # read before `freeze`: a stop waits for a CPU as well, after the call
         after = side.books(members) if before else None
-        ran = tasks.observe(
-            tasks_before,
-            tasks.snapshot(side.child.members()),
-            side.core,
-            wall_s=time.perf_counter() - start,
-        )
+        wall_s = time.perf_counter() - start
+        seen = tasks.snapshot(side.child.members()) if tasks_before else None
         freeze(side.child)
         side.tracked()
-        self._policy(side, ran)
+        if tasks_before and seen:
+            self._policy(side, tasks.observe(tasks_before, seen, side.core, wall_s))
         if any(mark.get("k") != side.calls for mark in marks):
             self.timing.fail("timing.call_count", side.role, f"call {side.calls} mismatched")
         side.calls += 1
@@ -502,7 +506,9 @@ class Judge:
         allowed = int(self.job["threads"])
         if ran.running > allowed:
             self.timing.fail(
-                "timing.threads", where, f"{ran.running} tasks ran (policy: {allowed})"
+                "timing.threads",
+                where,
+                f"{ran.running} tasks ran (policy: {allowed}): {', '.join(ran.names)}",
             )
         if ran.widened:
             self.timing.fail("timing.threads", where, f"affinity widened to cores {ran.cores}")
@@ -638,7 +644,9 @@ class Judge:
             judged = final or _rng.random() < JUDGED_SHARE
             got: dict[str, Outputs] = {}
             for role in ROLES if k % 2 == 0 else ROLES[::-1]:
-                made = self.call(self.sides[role], inputs, items, self._limit(calls), seed)
+                made = self.call(
+                    self.sides[role], inputs, items, self._limit(calls), seed, policed=k >= WARMUP
+                )
                 if made.mismatch:
                     self.timing.fail("timing.outputs", f"timed call {k + 1}", made.mismatch)
                     judged = False
@@ -649,7 +657,9 @@ class Judge:
                 if self.compare:  # the incumbent's outputs are no standard
                     got["reference"] = self._run_model(self.model, inputs, seed)
                 self._judge_timed(k, inputs, got)
-                if final or _rng.random() < PRECISION_SHARE:
+                sampled = self.precise < PRECISION_SAMPLES and _rng.random() < PRECISION_SHARE
+                if final or sampled:
+                    self.precise += 1
                     self._judge_precision(k, inputs, seed, got)
             if final:
                 break
@@ -717,8 +727,7 @@ class Judge:
         self.wait_caller(protocol.VERIFY)
         self.verify_all()
         runtime = self.report()
-        seen = ("timing.call_count", "timing.threads")  # known before any timing
-        count = [c for c in self.timing.as_list() if c["name"] in seen]
+        count = [c for c in self.timing.as_list() if c["name"] == "timing.call_count"]
         checks = self.verify.as_list() + runtime + count
         self.emit(protocol.Verified(_checks(checks), len(self.sets)))
         self.wait_caller(protocol.TIME)

@@ -67,6 +67,7 @@ class Child:
         self.log = log
         self.token = token
         self.frozen: list[int] = []
+        self.reaped = sandbox.REAPER in argv  # its process is the command's reaper
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         with log.open("ab") as stderr:
             self.popen = subprocess.Popen(
@@ -124,9 +125,10 @@ class Child:
             self.popen.wait()
 
     def members(self) -> list[int]:
-        """The processes below this child (a sandboxed command's reaper, which is
-        trusted and never stopped): every process the command made, wherever it went."""
-        return reaper.tree(self.popen.pid)
+        """Every process of this child: what a sandboxed command made, wherever it went,
+        below its reaper (trusted, and never stopped itself)."""
+        below = reaper.tree(self.popen.pid)
+        return below if self.reaped else [self.popen.pid, *below]
 
     def wait_for(
         self,

@@ -40,6 +40,7 @@ class Observed:
     more than one core at once."""
 
     running: int
+    names: list[str]  # what ran: name and CPU milliseconds
     cores: list[int]
     widened: bool
     parallel: bool
@@ -62,14 +63,21 @@ def observe(before: Snapshot, after: Snapshot, core: int | None, wall_s: float) 
     """What ran between `before` and `after` (a task new since `before` started at 0);
     `core` is the one the worker is pinned to (None: not pinned)."""
     floor = max(RUNNING_FLOOR_NS, RUNNING_SHARE * wall_s * 1e9)
-    running = sum(
-        1
+    ran = {
+        task: cpu - before.tasks.get(task, (0, frozenset()))[0]
         for task, (cpu, _) in after.tasks.items()
-        if cpu - before.tasks.get(task, (0, frozenset()))[0] > floor
-    )
+    }
+    names = [f"{_name(task)} {ns / 1e6:.1f} ms" for task, ns in ran.items() if ns > floor]
     masks = [mask for _, mask in after.tasks.values()]
     cores = sorted(set().union(*masks)) if core is not None and masks else []
     widened = core is not None and any(mask != {core} for mask in masks)
     used = sum(cpu - before.processes.get(pid, 0) for pid, cpu in after.processes.items())
     parallel = used > PARALLEL_SLACK * wall_s * 1e9 + 2 * RUNNING_FLOOR_NS
-    return Observed(running, cores, widened, parallel)
+    return Observed(len(names), names, cores, widened, parallel)
+
+
+def _name(task: int) -> str:
+    try:
+        return Path(f"/proc/{task}/comm").read_text().strip()[:16] or str(task)
+    except OSError:
+        return str(task)
