@@ -10,6 +10,7 @@ import pytest
 from helpers.candidates import CANDIDATES, MODES, failed, measure, sandboxed
 
 from htam_engine.evaluate.runner import timing_threads
+from htam_engine.evaluate.sandbox import MAX_PROCESSES
 
 
 def _left(home: Path) -> list[int]:
@@ -50,3 +51,15 @@ def test_an_honest_openmp_kernel_runs_with_the_policys_threads(mode, monkeypatch
     assert verdict.threads == timing_threads()
     assert verdict.spread["threads_seen"] == timing_threads()
     assert verdict.spread["cores_seen"] == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_candidate_past_the_process_cap_is_stopped_with_its_tree(mode, monkeypatch, htam_home):
+    with sandboxed(mode, monkeypatch):
+        verdict = measure(CANDIDATES / "adversarial" / "many_processes.py")
+    assert verdict.error is not None and verdict.error.kind == "crash", verdict.error
+    assert f"over {MAX_PROCESSES} processes" in verdict.error.message
+    deadline = time.monotonic() + 10
+    while _left(htam_home) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _left(htam_home), "processes outlived the cap's kill"

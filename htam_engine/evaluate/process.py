@@ -192,6 +192,11 @@ class Child:
         if self.name == "reference":
             last = tail.strip().splitlines()[-1:] or ["no output"]
             return Stop("reference_error", f"the reference failed during {phase}: {last[0]}", tail)
+        if self.reaped and code == reaper.OVER_CAP:
+            cap = sandbox.MAX_PROCESSES
+            return Stop(
+                "crash", f"the {self.name} made over {cap} processes (the cap) during {phase}"
+            )
         if code < 0:
             name = signal.Signals(-code).name
             if -code == signal.SIGKILL:

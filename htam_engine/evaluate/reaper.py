@@ -50,10 +50,18 @@ def tree(root: int) -> list[int]:
     return found
 
 
-def _kill_tree() -> None:
-    for pid in tree(os.getpid()):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+def _kill_tree(limit_s: float = 5.0) -> None:
+    """Kill every process below this one, again until none is left (a process that
+    forked while the others were killed included), reaping them."""
+    deadline = time.monotonic() + limit_s
+    while (pids := tree(os.getpid())) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        time.sleep(0.005)
 
 
 def main(argv: list[str]) -> int:
