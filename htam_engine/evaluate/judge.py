@@ -510,12 +510,11 @@ class Judge:
                 where,
                 f"{ran.running} tasks ran (policy: {allowed}): {', '.join(ran.names)}",
             )
-        if ran.widened:
-            self.timing.fail("timing.threads", where, f"affinity widened to cores {ran.cores}")
         if ran.parallel:
             self.timing.fail("timing.threads", where, "ran on more than one core at once")
-        if side.core is not None:  # pinned again: what it widened holds no more
-            pin(side.child, side.core)
+        if ran.widened and side.core is not None:
+            self.timing.fail("timing.threads", where, f"affinity widened to cores {ran.cores}")
+            pin(side.child, side.core)  # pinned again: the reference is not slowed by it
 
     def outputs(self, side: Side, out_items: list[dict]) -> Outputs:
         return side.read(side.outfile, out_items)
