@@ -85,12 +85,12 @@ def plan_simd(code: bytes, root: Node) -> Plan:
             if loop is None or not loop.unit_step or not analysis.in_compound(node):
                 reasons.append("an innermost loop is not a canonical unit-step for loop")
                 continue
-            reductions: set[str] = set()
+            reductions: dict[str, str] = {}
             reason = analysis.carried_reason(loop, reductions)
             if reason is not None:
                 reasons.append(reason)
                 continue
-            clause = "".join(f" reduction(+:{name})" for name in sorted(reductions))
+            clause = analysis.reduction_clauses(reductions)
             edits.append(_pragma_edit(code, node, "simd", clause, "#pragma omp parallel for"))
     return edits or (reasons[0] if reasons else "no loop to vectorise")
 
