@@ -260,3 +260,54 @@ def kernels(root: Node) -> list[Node]:
 def reduction_clauses(reductions: dict[str, str]) -> str:
     """` reduction(+:s) reduction(max:m)` for a carried_reason reductions dict."""
     return "".join(f" reduction({op}:{name})" for name, op in sorted(reductions.items()))
+
+
+# libm functions with a libmvec variant in glibc >= 2.35 (x86-64: SSE/AVX2/AVX-512)
+_VECTOR = [
+    "acos",
+    "acosh",
+    "asin",
+    "asinh",
+    "atan",
+    "atanh",
+    "cbrt",
+    "cos",
+    "cosh",
+    "erf",
+    "erfc",
+    "exp",
+    "exp10",
+    "exp2",
+    "expm1",
+    "log",
+    "log10",
+    "log1p",
+    "log2",
+    "sin",
+    "sinh",
+    "tan",
+    "tanh",
+]
+VECTOR_MATH = {f"{name}f": "float" for name in _VECTOR} | dict.fromkeys(_VECTOR, "double")
+
+
+def math_calls(loops: list[Node]) -> list[str]:
+    """The libm functions with a vector variant called in `loops`, sorted."""
+    found = set()
+    for loop in loops:
+        for n in walk(loop):
+            if n.type == "call_expression":
+                name = text(n.child_by_field_name("function"))
+                if name in VECTOR_MATH:
+                    found.add(name)
+    return sorted(found)
+
+
+def declared_simd(code: str, name: str) -> bool:
+    """True when `code` redeclares `name` under `#pragma omp declare simd`."""
+    return re.search(rf"declare\s+simd[^\n]*\n\s*\w+\s+{name}\s*\(", code) is not None
+
+
+def outermost_loops(fn: Node) -> list[Node]:
+    every = cxx_source.loops(fn)
+    return [loop for loop in every if not any(o != loop and _within(loop, o) for o in every)]

@@ -11,7 +11,6 @@ semantics; the redeclaration needs neither.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from tree_sitter import Node
@@ -30,33 +29,6 @@ from htam_engine.strategies.base import (
 )
 from htam_engine.strategies.cpu import LOW_OPT
 
-# libm functions with a libmvec variant in glibc >= 2.35 (x86-64: SSE/AVX2/AVX-512)
-_VECTOR = [
-    "acos",
-    "acosh",
-    "asin",
-    "asinh",
-    "atan",
-    "atanh",
-    "cbrt",
-    "cos",
-    "cosh",
-    "erf",
-    "erfc",
-    "exp",
-    "exp10",
-    "exp2",
-    "expm1",
-    "log",
-    "log10",
-    "log1p",
-    "log2",
-    "sin",
-    "sinh",
-    "tan",
-    "tanh",
-]
-VECTOR_MATH = {f"{name}f": "float" for name in _VECTOR} | dict.fromkeys(_VECTOR, "double")
 VECTOR_FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno"]
 
 
@@ -85,30 +57,14 @@ def _simd_loops(root: Node) -> tuple[list[tuple[Node, str]], list[Node], list[st
     return todo, done, reasons
 
 
-def math_calls(loops: list[Node]) -> list[str]:
-    """The libm functions with a vector variant called in `loops`, sorted."""
-    found = set()
-    for loop in loops:
-        for n in walk(loop):
-            if n.type == "call_expression":
-                name = text(n.child_by_field_name("function"))
-                if name in VECTOR_MATH:
-                    found.add(name)
-    return sorted(found)
-
-
-def _declared_simd(code: str, name: str) -> bool:
-    return re.search(rf"declare\s+simd[^\n]*\n\s*\w+\s+{name}\s*\(", code) is not None
-
-
 def _declarations(code: bytes, root: Node, names: list[str]) -> list[Edit]:
     """`#pragma omp declare simd notinbranch` redeclarations after the last #include."""
-    names = [n for n in names if not _declared_simd(code.decode(), n)]
+    names = [n for n in names if not analysis.declared_simd(code.decode(), n)]
     if not names:
         return []
     lines = ['extern "C" {']
     for name in names:
-        kind = VECTOR_MATH[name]
+        kind = analysis.VECTOR_MATH[name]
         lines += ["#pragma omp declare simd notinbranch", f"{kind} {name}({kind});"]
     block = "\n".join([*lines, "}", ""])
     includes = [n for n in root.children if n.type == "preproc_include"]
@@ -121,7 +77,7 @@ def plan_vector_math_code(code: bytes, root: Node) -> Plan:
     if not todo and not done:
         return reasons[0] if reasons else "no loop to vectorise"
     edits = [insert_line_before(code, node, f"#pragma omp simd{clause}") for node, clause in todo]
-    edits += _declarations(code, root, math_calls([n for n, _ in todo] + done))
+    edits += _declarations(code, root, analysis.math_calls([n for n, _ in todo] + done))
     return edits or "the innermost loops are already simd with vector math declared"
 
 

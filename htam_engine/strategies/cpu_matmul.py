@@ -22,7 +22,6 @@ from tree_sitter import Node
 from htam_engine.parsing import cxx_source, embedded_sources, text, walk
 from htam_engine.strategies import analysis
 from htam_engine.strategies.base import Edit, Plan, Rewrite, code_plan, flag_plan, indent_of
-from htam_engine.strategies.cpu import _outermost_loops
 
 BLOCK = 4  # outputs per pass in the register-blocked form
 SIDE_EFFECTS = ("assignment_expression", "update_expression", "call_expression")
@@ -224,27 +223,37 @@ def _acc_type(nest: Nest) -> str:
     return text(kind) if kind is not None else "float"
 
 
+def reorders(code: bytes, node: Node) -> bool:
+    """True when this rewrite would reorder or block the nest at `node`."""
+    return not isinstance(_nest_edit(code, node), str)
+
+
+def _nest_edit(code: bytes, node: Node) -> Edit | str:
+    nest = recognise(node)
+    if isinstance(nest, str):
+        return nest
+    operand = _j_operand(nest)
+    index = operand.child_by_field_name("indices") if operand is not None else None
+    if index is None:
+        return "no single operand indexed by j"
+    pad = indent_of(code, node)
+    if _unit_in(index, nest.j.var):
+        return (node.start_byte, node.end_byte, _ikj(nest, pad))
+    if nest.init is not None and _unit_in(index, nest.k.var):
+        return (node.start_byte, node.end_byte, _blocked(nest, pad))
+    return "the j operand is contiguous in neither j nor k"
+
+
 def plan_matmul_code(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     reasons: list[str] = []
     for fn in cxx_source.functions(root):
-        for node in _outermost_loops(fn):
-            nest = recognise(node)
-            if isinstance(nest, str):
-                reasons.append(nest)
-                continue
-            operand = _j_operand(nest)
-            index = operand.child_by_field_name("indices") if operand is not None else None
-            if index is None:
-                reasons.append("no single operand indexed by j")
-                continue
-            pad = indent_of(code, node)
-            if _unit_in(index, nest.j.var):
-                edits.append((node.start_byte, node.end_byte, _ikj(nest, pad)))
-            elif nest.init is not None and _unit_in(index, nest.k.var):
-                edits.append((node.start_byte, node.end_byte, _blocked(nest, pad)))
+        for node in analysis.outermost_loops(fn):
+            edit = _nest_edit(code, node)
+            if isinstance(edit, str):
+                reasons.append(edit)
             else:
-                reasons.append("the j operand is contiguous in neither j nor k")
+                edits.append(edit)
     return edits or (reasons[0] if reasons else "no loop nest")
 
 
