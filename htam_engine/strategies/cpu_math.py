@@ -25,9 +25,8 @@ from htam_engine.strategies.base import (
     apply_edits,
     code_plan,
     flag_plan,
-    insert_line_before,
 )
-from htam_engine.strategies.cpu import LOW_OPT
+from htam_engine.strategies.cpu import LOW_OPT, _pragma_edit
 
 VECTOR_FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno"]
 
@@ -76,7 +75,8 @@ def plan_vector_math_code(code: bytes, root: Node) -> Plan:
     todo, done, reasons = _simd_loops(root)
     if not todo and not done:
         return reasons[0] if reasons else "no loop to vectorise"
-    edits = [insert_line_before(code, node, f"#pragma omp simd{clause}") for node, clause in todo]
+    merge = "#pragma omp parallel for"
+    edits = [_pragma_edit(code, node, "simd", clause, merge) for node, clause in todo]
     edits += _declarations(code, root, analysis.math_calls([n for n, _ in todo] + done))
     return edits or "the innermost loops are already simd with vector math declared"
 
