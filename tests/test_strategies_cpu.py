@@ -45,9 +45,7 @@ def test_chained_rewrites_are_correct(task: str, tmp_path: Path) -> None:
     for rid in CPU_IDS:
         if REGISTRY[rid].check(source) is None:
             source = REGISTRY[rid].apply(source)
-    assert {"simd_pragma", "opt_O3", "restrict_pointers"} <= parsing.features(
-        source, "cpu"
-    )
+    assert {"simd_pragma", "opt_O3", "restrict_pointers"} <= parsing.features(source, "cpu")
     check_candidate(task, source, tmp_path)
 
 
