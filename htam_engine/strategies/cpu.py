@@ -63,6 +63,9 @@ def _parallel_reason(node: Node, loop: analysis.Loop | None, pragma: str) -> str
 def plan_simd(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     reasons = []
+    scalar = _scalar_math(code, root)
+    if scalar is not None:
+        return scalar
     for fn in cxx_source.functions(root):
         for node in cxx_source.innermost_loops(fn):
             loop = analysis.canonical(node)
@@ -74,7 +77,7 @@ def plan_simd(code: bytes, root: Node) -> Plan:
                 reasons.append("an innermost loop is not a canonical unit-step for loop")
                 continue
             reductions: dict[str, str] = {}
-            reason = analysis.carried_reason(loop, reductions) or _scalar_math(code, node)
+            reason = analysis.carried_reason(loop, reductions)
             if reason is not None:
                 reasons.append(reason)
                 continue
@@ -83,13 +86,15 @@ def plan_simd(code: bytes, root: Node) -> Plan:
     return edits or (reasons[0] if reasons else "no loop to vectorise")
 
 
-def _scalar_math(code: bytes, loop: Node) -> str | None:
-    """Why a simd pragma alone would not pay: the loop calls libm without its vector
-    variants declared (cpu.vector_math declares them)."""
-    calls = analysis.math_calls([loop])
+def _scalar_math(code: bytes, root: Node) -> str | None:
+    """Why a simd pragma alone is the lesser move: an inner loop calls libm without its
+    vector variants declared, which cpu.vector_math does along with the pragmas."""
+    inner = [loop for fn in cxx_source.functions(root) for loop in cxx_source.innermost_loops(fn)]
+    calls = analysis.math_calls(inner)
     missing = [name for name in calls if not analysis.declared_simd(code.decode(), name)]
     if missing:
-        return f"the loop calls {', '.join(missing)} with no vector variant declared (vector math)"
+        names = ", ".join(missing)
+        return f"an inner loop calls {names} with no vector variant declared (vector math)"
     return None
 
 
