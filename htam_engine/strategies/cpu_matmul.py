@@ -6,8 +6,9 @@ indexed by i and j only and TERM free of side effects (`X * Y` in a matmul, one 
 load in a sum over a middle dimension). The operand indexed by j decides the order:
 
 - j contiguous in it (`b[k * N + j]`, a row-major B): the k loop goes outside the j loop
-  (i-k-j), and the innermost loop streams a row of B into a row of OUT under
-  `#pragma omp simd`; each output still sums its k terms in the original order.
+  (i-k-j), and the innermost loop streams rows of B into a row of OUT under
+  `#pragma omp simd`, four values of k per pass (a quarter of the OUT traffic); each
+  output still sums its k terms in the original order.
 - k contiguous in it (`w[j * K + k]`, nn.Linear's (N, K) weight): the dot product is the
   right order; four outputs are computed per pass over k (register blocking: each X is
   loaded once for four FMAs) with a vector reduction over k, and a scalar tail.
@@ -24,6 +25,7 @@ from htam_engine.strategies import analysis
 from htam_engine.strategies.base import Edit, Plan, Rewrite, code_plan, flag_plan, indent_of
 
 BLOCK = 4  # outputs per pass in the register-blocked form
+UNROLL = 4  # values of k per pass over an output row in the i-k-j form
 SIDE_EFFECTS = ("assignment_expression", "update_expression", "call_expression")
 
 
@@ -169,16 +171,22 @@ def _header(loop: analysis.Loop) -> str:
 
 
 def _ikj(nest: Nest, pad: str) -> str:
-    """The i-k-j form; OUT serves as the accumulator row."""
-    out = text(nest.out)
-    step = f"{out} += {text(nest.product)};"
+    """The i-k-j form; OUT serves as the accumulator row, updated once per UNROLL values of
+    k (`out = out + t0 + t1 + ...` adds in the original order), then a k tail."""
+    out, k, bound = text(nest.out), nest.k.var, text(nest.k.bound)
+    terms = " + ".join(f"({substitute(nest.product, {k: f'({k} + {q})'})})" for q in range(UNROLL))
     lines = [f"{_header(nest.i)} {{"]
     if nest.init is not None:
         lines.append(f"    {_header(nest.j)} {out} = {text(nest.init)};")
     lines += [
-        f"    {_header(nest.k)} {{",
+        f"    {nest.k.type} {k} = {text(nest.k.start)};",
+        f"    for (; {k} + {UNROLL} <= {bound}; {k} += {UNROLL}) {{",
         "#pragma omp simd",
-        f"        {_header(nest.j)} {step}",
+        f"        {_header(nest.j)} {out} = {out} + {terms};",
+        "    }",
+        f"    for (; {k} < {bound}; ++{k}) {{",
+        "#pragma omp simd",
+        f"        {_header(nest.j)} {out} += {text(nest.product)};",
         "    }",
     ]
     if nest.post is not None and text(nest.post) != nest.acc:
