@@ -20,7 +20,7 @@ from htam_engine.strategies import REGISTRY
 
 NAIVE = Path(__file__).resolve().parent / "fixtures" / "kernelbench" / "naive_cpu"
 STARTS = sorted(NAIVE.glob("*_cpu.py"))
-NEW = ("cpu.vector_math", "cpu.branchless", "cpu.loop_order")
+NEW = ("cpu.vector_math", "cpu.branchless", "cpu.loop_order", "cpu.reciprocal")
 
 
 @pytest.fixture(autouse=True)
@@ -209,3 +209,20 @@ def test_loop_order_rewrites_compile_cleanly(b_index: str, tmp_path: Path) -> No
     command = [gxx, "-O2", "-fopenmp-simd", "-Wall", "-Werror", "-c", str(path), "-o", "mm.o"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_reciprocal_only_for_invariant_floating_divisors() -> None:
+    code = """extern "C" void f(const float* x, float* o, long n, float s, int q) {
+    float t = s * 2.0f;
+    for (long i = 0; i < n; ++i) {
+        float u = x[i];
+        o[i] = x[i] / t / sqrtf(s) + x[i] / u + x[i] / q + i / 3 + u / (float)n;
+    }
+}"""
+    out = REGISTRY["cpu.reciprocal"].apply(code)
+    assert "const float rcp0 = 1.0f / (sqrtf(s));" in out
+    assert "x[i] / t * rcp0" in out  # the inner division of a chain is left alone
+    assert "x[i] / u" in out and "x[i] / q" in out and "i / 3" in out  # varying or integer
+    again = REGISTRY["cpu.reciprocal"].apply(out)  # then the one left in the chain
+    assert "const float rcp1 = 1.0f / (t);" in again and "x[i] * rcp1 * rcp0" in again
+    assert REGISTRY["cpu.reciprocal"].check(again) is not None

@@ -25,6 +25,7 @@ from htam_engine.strategies.base import (
     apply_edits,
     code_plan,
     flag_plan,
+    insert_line_before,
 )
 from htam_engine.strategies.cpu import LOW_OPT, _pragma_edit
 
@@ -177,6 +178,97 @@ def plan_branchless(code: bytes, root: Node) -> Plan:
     return edits or "no if/else in an innermost loop that assigns one value"
 
 
+# -- division by a reciprocal -----------------------------------------------------------
+
+PURE_CALLS = {"sqrtf", "sqrt", "fabsf", "fabs", *analysis.VECTOR_MATH}
+
+
+def _scalar_types(fn: Node) -> dict[str, str]:
+    """Declared type of every plain (non-pointer) variable and parameter of `fn`."""
+    types: dict[str, str] = {}
+    for n in walk(fn):
+        if n.type not in ("parameter_declaration", "declaration"):
+            continue
+        kind = text(n.child_by_field_name("type"))
+        for d in n.named_children:
+            inner = d.child_by_field_name("declarator") if d.type == "init_declarator" else d
+            if inner is not None and inner.type == "identifier":
+                types[text(inner)] = kind
+    return types
+
+
+def _floating(node: Node, types: dict[str, str]) -> str | None:
+    """ "float"/"double" when `node` is a floating expression built from floating variables,
+    float literals and pure math calls; None when it may be an integer (or is unknown)."""
+    kinds = set()
+    for n in walk(node):
+        if n.type == "call_expression":
+            name = text(n.child_by_field_name("function"))
+            if name not in PURE_CALLS:
+                return None
+            kinds.add("float" if name.endswith("f") and name != "erf" else "double")
+        elif n.type == "identifier" and not (n.parent and n.parent.type == "call_expression"):
+            kind = types.get(text(n), "")
+            if kind not in ("float", "double"):
+                return None
+            kinds.add(kind)
+        elif n.type == "number_literal":
+            literal = text(n).lower()
+            if "." not in literal and "e" not in literal:
+                continue  # an integer literal next to floating variables is converted
+            kinds.add("float" if literal.endswith("f") else "double")
+    return ("double" if "double" in kinds else "float") if kinds else None
+
+
+def _invariant(node: Node, loop: analysis.Loop) -> bool:
+    body = loop.node.child_by_field_name("body")
+    if body is None:
+        return False
+    written = {text(t) for t, _ in analysis.write_targets(body) if t.type == "identifier"}
+    varying = written | set(analysis.declared_names(body)) | {loop.var}
+    return not analysis.mentions(node, varying)
+
+
+def _inside(node: Node, outer: list[Node]) -> bool:
+    return any(o.start_byte <= node.start_byte and node.end_byte <= o.end_byte for o in outer)
+
+
+def plan_reciprocal(code: bytes, root: Node) -> Plan:
+    edits: list[Edit] = []
+    for fn in cxx_source.functions(root):
+        types = _scalar_types(fn)
+        taken = {text(n) for n in walk(fn) if n.type == "identifier"}
+        for node in cxx_source.innermost_loops(fn):
+            loop = analysis.canonical(node)
+            if loop is None or not analysis.in_compound(node):
+                continue
+            names: dict[str, str] = {}
+            replaced: list[Node] = []  # divisions rewritten (one inside another is left)
+            for n in walk(node):
+                right = n.child_by_field_name("right") if n.type == "binary_expression" else None
+                if right is None or text(n.child_by_field_name("operator")) != "/":
+                    continue
+                kind = _floating(right, types)
+                if kind is None or not _invariant(right, loop) or _inside(n, replaced):
+                    continue
+                replaced.append(n)
+                if text(right) not in names:
+                    index = len(edits)
+                    while f"rcp{index}" in taken:
+                        index += 1
+                    names[text(right)] = f"rcp{index}"
+                    taken.add(f"rcp{index}")
+                    one = "1.0f" if kind == "float" else "1.0"
+                    anchor = node.prev_named_sibling if cxx_source.loop_pragma(node) else node
+                    assert anchor is not None
+                    line = f"const {kind} {names[text(right)]} = {one} / ({text(right)});"
+                    edits.append(insert_line_before(code, anchor, line))
+                left = n.child_by_field_name("left")
+                assert left is not None
+                edits.append((n.start_byte, n.end_byte, f"{text(left)} * {names[text(right)]}"))
+    return edits or "no inner-loop division by a loop-invariant floating value"
+
+
 def _code(planner: Callable[[bytes, Node], Plan]) -> Callable[[bytes], Plan]:
     return lambda data: code_plan(data, "cpp", planner)
 
@@ -194,5 +286,12 @@ REWRITES = [
         "cpu",
         "if/else assigning one value in an inner loop -> a conditional select",
         _code(plan_branchless),
+    ),
+    Rewrite(
+        "cpu.reciprocal",
+        "cpu",
+        "divisions by a loop-invariant floating value in an inner loop -> one reciprocal "
+        "before the loop and multiplications",
+        _code(plan_reciprocal),
     ),
 ]
