@@ -29,6 +29,12 @@ from htam_engine.strategies.base import (
 )
 from htam_engine.strategies.cpu import LOW_OPT, _pragma_edit
 
+DEFINITIONS = (
+    "function_definition",
+    "linkage_specification",
+    "namespace_definition",
+    "template_declaration",
+)
 VECTOR_FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno"]
 
 
@@ -67,9 +73,10 @@ def _declarations(code: bytes, root: Node, names: list[str]) -> list[Edit]:
         kind = analysis.VECTOR_MATH[name]
         lines += ["#pragma omp declare simd notinbranch", f"{kind} {name}({kind});"]
     block = "\n".join([*lines, "}", ""])
-    includes = [n for n in root.children if n.type == "preproc_include"]
-    at = includes[-1].end_byte if includes else 0
-    return [(at, at, block)]
+    # before the first definition: after the headers (a redeclaration must follow math.h's)
+    first = next((n for n in root.children if n.type in DEFINITIONS), None)
+    at = first.start_byte if first is not None else len(code)
+    return [(at, at, block + ("\n" if first is not None else ""))]
 
 
 def plan_vector_math_code(code: bytes, root: Node) -> Plan:
