@@ -1,5 +1,5 @@
-"""CPU rewrites for the arithmetic of a loop: vector math (a compound move) and
-branch-free selects.
+"""CPU rewrites for the arithmetic of a loop: vector math (a compound move), branch-free
+selects and division by a reciprocal.
 
 `cpu.vector_math` bundles the edits that only pay together: `-O3 -march=native
 -fopenmp-simd -fno-math-errno`, `#pragma omp simd` with sum/max/min reductions on the
@@ -64,7 +64,8 @@ def _simd_loops(root: Node) -> tuple[list[tuple[Node, str]], list[Node], list[st
 
 
 def _declarations(code: bytes, root: Node, names: list[str]) -> list[Edit]:
-    """`#pragma omp declare simd notinbranch` redeclarations after the last #include."""
+    """`#pragma omp declare simd notinbranch` redeclarations of `names` (those not yet
+    declared so), placed before the first definition."""
     names = [n for n in names if not analysis.declared_simd(code.decode(), n)]
     if not names:
         return []
@@ -73,7 +74,7 @@ def _declarations(code: bytes, root: Node, names: list[str]) -> list[Edit]:
         kind = analysis.VECTOR_MATH[name]
         lines += ["#pragma omp declare simd notinbranch", f"{kind} {name}({kind});"]
     block = "\n".join([*lines, "}", ""])
-    # before the first definition: after the headers (a redeclaration must follow math.h's)
+    # after every header: a redeclaration must follow math.h's, which adds noexcept
     first = next((n for n in root.children if n.type in DEFINITIONS), None)
     at = first.start_byte if first is not None else len(code)
     return [(at, at, block + ("\n" if first is not None else ""))]
