@@ -32,6 +32,7 @@ from htam_engine.policy import EvidenceLocalSelector, LocalSelector, PolicyConfi
 from htam_engine.policy.llm_chooser import LLMLocalSelector
 from htam_engine.state import State
 from htam_engine.strategies import REGISTRY
+from htam_engine.strategies.plateau import plateau_base
 from htam_engine.task import Task
 from htam_engine.triton_backend import CORRECTNESS_ONLY
 from htam_engine.vocabulary import FAILED_STATUS, Status
@@ -182,6 +183,7 @@ class Optimizer:
         # strategies that failed in this run (or, excluded, in earlier ones): not again
         self.start_source = start_source  # what the steps start from (the translation's)
         self.failed: dict[str, Status | str] = dict.fromkeys(config.exclude, EXCLUDED)
+        self.base: str | None = None  # a plateau candidate the next step starts from
 
     # -- the loop -------------------------------------------------------------------
 
@@ -230,7 +232,7 @@ class Optimizer:
 
     def _step(self, step: int) -> Step | None:
         graph = self.store.graph(self.task.backend)
-        current = self.result.best_source
+        current, self.base = self.base or self.result.best_source, None
         applicable = self._applicability(graph, current)
         usable = _restrict_to_applicable(graph, applicable)
         if not usable.globals:
@@ -251,6 +253,8 @@ class Optimizer:
             status, speedup_vs_best = self._status(verdict)
             if status == Status.IMPROVED and self.result.best_ref_speedup is not None:
                 status, speedup_vs_best, versus_best = self._settle(step, candidate, g, local_id)
+                if status == Status.NOT_IMPROVED and plateau_base(graph, g, versus_best):
+                    self.base = candidate  # the best stays; the next step starts here
             if status == Status.IMPROVED:
                 self.result.best_ref_speedup = verdict.speedup
                 self.result.best_over_start = self.result.best_interval = None

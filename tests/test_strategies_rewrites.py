@@ -12,12 +12,17 @@ from htam_engine.strategies import REGISTRY, NotApplicable
 EXPECTED_IDS = {
     "cuda.block_size", "cuda.restrict_const", "cuda.pragma_unroll", "cuda.launch_bounds",
     "cuda.grid_stride", "cuda.vectorize_float4", "cuda.fast_math", "cpu.omp_parallel_for",
-    "cpu.omp_simd", "cpu.opt_flags", "cpu.restrict", "cpu.cache_block", "triton.num_warps",
+    "cpu.omp_simd", "cpu.opt_flags", "cpu.restrict", "cpu.cache_block", "cpu.vector_math",
+    "cpu.branchless", "cpu.loop_order", "cpu.reciprocal", "triton.num_warps",
     "triton.num_stages", "triton.block_size", "triton.autotune", "triton.group_m",
 }  # fmt: skip
 # Rewrites that apply to only some examples; every other one applies to all four.
 ONLY = {
-    "cpu.cache_block": {"matmul"},
+    "cpu.cache_block": set(),  # the matmul example's loop order comes first
+    "cpu.branchless": set(),  # no example branches per element
+    "cpu.reciprocal": set(),  # the examples divide outside their inner loops
+    "cpu.loop_order": {"matmul", "linear_relu"},
+    "cpu.omp_simd": {"linear_relu", "matmul"},  # gelu's erff, softmax's expf: vector math
     "cuda.pragma_unroll": {"linear_relu"},
     "cuda.vectorize_float4": {"gelu"},
 }
@@ -180,7 +185,7 @@ def test_omp_rewrites_respect_dependences() -> None:
 
 
 def test_parallel_and_simd_merge_into_one_pragma() -> None:
-    source = example("gelu", "cpu")
+    source = example("matmul", "cpu")
     both = REGISTRY["cpu.omp_simd"].apply(REGISTRY["cpu.omp_parallel_for"].apply(source))
     assert "#pragma omp parallel for simd\n" in both
     assert "-fopenmp-simd" not in both and '"-fopenmp"' in both

@@ -95,10 +95,11 @@ def derived_names(loop: Loop) -> set[str]:
     return derived
 
 
-def carried_reason(loop: Loop, reductions: set[str] | None = None) -> str | None:
+def carried_reason(loop: Loop, reductions: dict[str, str] | None = None) -> str | None:
     """Why iterations of `loop` may depend on each other, or None when they look
-    independent. Outer scalars updated only by `+=` are added to `reductions` when a set
-    is given (they become reduction clauses)."""
+    independent. Outer scalars only reduced (`s += e`, `s *= e`, `m = a > m ? a : m`,
+    `m = fmaxf(m, a)`) are added to `reductions` (name -> OpenMP operator) when a dict is
+    given (they become reduction clauses)."""
     body = loop.node.child_by_field_name("body")
     if body is None:
         return "a loop without a body"
@@ -111,9 +112,9 @@ def carried_reason(loop: Loop, reductions: set[str] | None = None) -> str | None
             name = text(target)
             if name in local:
                 continue
-            uses = sum(1 for n in walk(body) if n.type == "identifier" and text(n) == name)
-            if reductions is not None and op == "+=" and uses == 1:
-                reductions.add(name)
+            operator = reduction_operator(body, target, op)
+            if reductions is not None and operator is not None:
+                reductions[name] = operator
                 continue
             return f"the loop updates the outer variable {name!r}"
         if target.type != "subscript_expression" or not mentions(target, derived):
@@ -122,6 +123,74 @@ def carried_reason(loop: Loop, reductions: set[str] | None = None) -> str | None
             array = text(target.child_by_field_name("argument"))
             return f"the loop reads {array!r} at another index than it writes"
     return None
+
+
+MAX_CALLS = {"fmaxf": "max", "fmax": "max", "std::max": "max", "max": "max"}
+MIN_CALLS = {"fminf": "min", "fmin": "min", "std::min": "min", "min": "min"}
+
+
+def reduction_operator(body: Node, target: Node, op: str) -> str | None:
+    """The OpenMP reduction operator when `target` (an outer scalar) is touched only by
+    its one update under `body`, which reduces it; else None."""
+    name = text(target)
+    uses = [n for n in walk(body) if n.type == "identifier" and text(n) == name]
+    update = target.parent
+    if update is None or update.type != "assignment_expression":
+        return None
+    right = strip_parens(update.child_by_field_name("right"))
+    if right is None or not all(_within(u, update) for u in uses):
+        return None
+    if op in ("+=", "*=", "-="):
+        return None if mentions(right, {name}) else {"+=": "+", "-=": "+", "*=": "*"}[op]
+    if op != "=":
+        return None
+    return _select_operator(right, name)
+
+
+def _select_operator(right: Node, name: str) -> str | None:
+    """`max`/`min` for `a > m ? a : m`-like selects and fmaxf/std::max calls on `name`."""
+    if right.type == "call_expression":
+        called = text(right.child_by_field_name("function"))
+        args = right.child_by_field_name("arguments")
+        operands = [text(a) for a in args.named_children] if args is not None else []
+        kind = MAX_CALLS.get(called) or MIN_CALLS.get(called)
+        if kind is None or len(operands) != 2 or operands.count(name) != 1:
+            return None
+        value = [a for a in args.named_children if text(a) != name] if args else []
+        return kind if value and not mentions(value[0], {name}) else None
+    if right.type != "conditional_expression":
+        return None
+    cond = strip_parens(right.child_by_field_name("condition"))
+    chosen = strip_parens(right.child_by_field_name("consequence"))
+    rejected = strip_parens(right.child_by_field_name("alternative"))
+    if cond is None or cond.type != "binary_expression" or chosen is None or rejected is None:
+        return None
+    left, rhs = (
+        strip_parens(cond.child_by_field_name("left")),
+        strip_parens(cond.child_by_field_name("right")),
+    )
+    compare = text(cond.child_by_field_name("operator"))
+    if left is None or rhs is None or {text(left), text(rhs)} != {text(chosen), text(rejected)}:
+        return None
+    if name not in (text(left), text(rhs)) or text(left) == text(rhs):
+        return None
+    if mentions(rhs if text(left) == name else left, {name}):
+        return None
+    if compare not in (">", ">=", "<", "<="):
+        return None
+    greater = compare in (">", ">=")
+    picks_left = text(chosen) == text(left)
+    return "max" if greater == picks_left else "min"
+
+
+def strip_parens(node: Node | None) -> Node | None:
+    while node is not None and node.type == "parenthesized_expression" and node.named_children:
+        node = node.named_children[0]
+    return node
+
+
+def _within(node: Node, ancestor: Node) -> bool:
+    return ancestor.start_byte <= node.start_byte and node.end_byte <= ancestor.end_byte
 
 
 def _other_index(body: Node, target: Node) -> bool:
@@ -186,3 +255,59 @@ def thread_guard(kernel: Node) -> Guard | str:
 
 def kernels(root: Node) -> list[Node]:
     return [fn for fn in cxx_source.functions(root) if cxx_source.is_global(fn)]
+
+
+def reduction_clauses(reductions: dict[str, str]) -> str:
+    """` reduction(+:s) reduction(max:m)` for a carried_reason reductions dict."""
+    return "".join(f" reduction({op}:{name})" for name, op in sorted(reductions.items()))
+
+
+# libm functions with a libmvec variant in glibc >= 2.35 (x86-64: SSE/AVX2/AVX-512)
+_VECTOR = [
+    "acos",
+    "acosh",
+    "asin",
+    "asinh",
+    "atan",
+    "atanh",
+    "cbrt",
+    "cos",
+    "cosh",
+    "erf",
+    "erfc",
+    "exp",
+    "exp10",
+    "exp2",
+    "expm1",
+    "log",
+    "log10",
+    "log1p",
+    "log2",
+    "sin",
+    "sinh",
+    "tan",
+    "tanh",
+]
+VECTOR_MATH = {f"{name}f": "float" for name in _VECTOR} | dict.fromkeys(_VECTOR, "double")
+
+
+def math_calls(loops: list[Node]) -> list[str]:
+    """The libm functions with a vector variant called in `loops`, sorted."""
+    found = set()
+    for loop in loops:
+        for n in walk(loop):
+            if n.type == "call_expression":
+                name = text(n.child_by_field_name("function"))
+                if name in VECTOR_MATH:
+                    found.add(name)
+    return sorted(found)
+
+
+def declared_simd(code: str, name: str) -> bool:
+    """True when `code` redeclares `name` under `#pragma omp declare simd`."""
+    return re.search(rf"declare\s+simd[^\n]*\n\s*\w+\s+{name}\s*\(", code) is not None
+
+
+def outermost_loops(fn: Node) -> list[Node]:
+    every = cxx_source.loops(fn)
+    return [loop for loop in every if not any(o != loop and _within(loop, o) for o in every)]

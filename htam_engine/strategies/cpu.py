@@ -9,7 +9,7 @@ from tree_sitter import Node
 
 from htam_engine import parsing
 from htam_engine.parsing import cxx_source, python_source, text
-from htam_engine.strategies import analysis
+from htam_engine.strategies import analysis, cpu_matmul
 from htam_engine.strategies.base import (
     CodePlanner,
     Edit,
@@ -37,23 +37,11 @@ def _pragma_edit(code: bytes, loop: Node, own: str, extra: str, merge_with: str)
     return insert_line_before(code, loop, f"#pragma omp {own}{extra}")
 
 
-def _outermost_loops(fn: Node) -> list[Node]:
-    return [
-        loop
-        for loop in cxx_source.loops(fn)
-        if not any(outer != loop and _contains(outer, loop) for outer in cxx_source.loops(fn))
-    ]
-
-
-def _contains(outer: Node, inner: Node) -> bool:
-    return outer.start_byte <= inner.start_byte and inner.end_byte <= outer.end_byte
-
-
 def plan_parallel_for(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     reasons = []
     for fn in cxx_source.functions(root):
-        for node in _outermost_loops(fn):
+        for node in analysis.outermost_loops(fn):
             loop = analysis.canonical(node)
             pragma = cxx_source.loop_pragma(node)
             reason = _parallel_reason(node, loop, pragma)
@@ -75,6 +63,9 @@ def _parallel_reason(node: Node, loop: analysis.Loop | None, pragma: str) -> str
 def plan_simd(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     reasons = []
+    scalar = _scalar_math(code, root)
+    if scalar is not None:
+        return scalar
     for fn in cxx_source.functions(root):
         for node in cxx_source.innermost_loops(fn):
             loop = analysis.canonical(node)
@@ -85,14 +76,26 @@ def plan_simd(code: bytes, root: Node) -> Plan:
             if loop is None or not loop.unit_step or not analysis.in_compound(node):
                 reasons.append("an innermost loop is not a canonical unit-step for loop")
                 continue
-            reductions: set[str] = set()
+            reductions: dict[str, str] = {}
             reason = analysis.carried_reason(loop, reductions)
             if reason is not None:
                 reasons.append(reason)
                 continue
-            clause = "".join(f" reduction(+:{name})" for name in sorted(reductions))
+            clause = analysis.reduction_clauses(reductions)
             edits.append(_pragma_edit(code, node, "simd", clause, "#pragma omp parallel for"))
     return edits or (reasons[0] if reasons else "no loop to vectorise")
+
+
+def _scalar_math(code: bytes, root: Node) -> str | None:
+    """Why a simd pragma alone is the lesser move: an inner loop calls libm without its
+    vector variants declared, which cpu.vector_math does along with the pragmas."""
+    inner = [loop for fn in cxx_source.functions(root) for loop in cxx_source.innermost_loops(fn)]
+    calls = analysis.math_calls(inner)
+    missing = [name for name in calls if not analysis.declared_simd(code.decode(), name)]
+    if missing:
+        names = ", ".join(missing)
+        return f"an inner loop calls {names} with no vector variant declared (vector math)"
+    return None
 
 
 def plan_restrict(code: bytes, root: Node) -> Plan:
@@ -136,8 +139,10 @@ def _nest(node: Node) -> list[analysis.Loop] | None:
 def plan_cache_block(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     for fn in cxx_source.functions(root):
-        for node in _outermost_loops(fn):
+        for node in analysis.outermost_loops(fn):
             loops = _nest(node)
+            if loops is not None and cpu_matmul.reorders(code, node):
+                return "the nest's loop order does not match its layout: reorder it first"
             if loops is not None:
                 edits.append((node.start_byte, node.end_byte, _tiled(code, node, loops)))
     if edits:
