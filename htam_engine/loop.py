@@ -320,7 +320,7 @@ class Optimizer:
             self.result.stopped = "nothing to start from and no LLM to write a first version"
             return None
         self._phase(0, "generate", START, TRANSLATE)
-        prompt = translation_prompt(self.task.reference_source, self.task.backend)
+        prompt = translation_prompt(self.task.reference_source, self.task.backend, self._facts())
         made = implement.with_llm(
             self.provider,
             prompt,

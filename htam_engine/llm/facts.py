@@ -125,9 +125,14 @@ def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
 
 
 def _returned(fn: ast.FunctionDef | None) -> list[ast.expr]:
+    """The elements of the list `fn` returns, a local name replaced by its value."""
+    local: dict[str, ast.expr] = {}
     for node in ast.walk(fn) if fn else []:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            local[node.targets[0].id] = node.value
         if isinstance(node, ast.Return) and isinstance(node.value, ast.List | ast.Tuple):
-            return list(node.value.elts)
+            elts = node.value.elts
+            return [local.get(e.id, e) if isinstance(e, ast.Name) else e for e in elts]
     return []
 
 

@@ -167,13 +167,14 @@ _TRANSLATE_FORMS = {
 }
 
 
-def translation_prompt(task_source: str, backend: str) -> tuple[str, str]:
+def translation_prompt(task_source: str, backend: str, facts: str = "") -> tuple[str, str]:
     """(system, prompt) asking for a first, straightforward `ModelNew` of the reference
     (a KernelBench problem holds only `Model`), for `backend` ("cpu" or "cuda")."""
     if backend not in _TRANSLATE_FORMS:
         raise ValueError(f"backend must be one of {', '.join(_TRANSLATE_FORMS)}, not {backend!r}")
     parts = [
         _section("Task (the PyTorch reference)", _fenced(task_source, "python", BUDGET["task"])),
+        *([_section("Facts", truncate_tokens(facts, BUDGET["facts"]))] if facts else []),
         _section(
             "What to write",
             "A first, correct custom-kernel implementation of `Model` named `ModelNew`: "
