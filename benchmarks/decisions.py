@@ -263,7 +263,7 @@ def _child(checkout: Path) -> dict[str, Any]:
 
 def _summary(label: str, judged: dict[str, Any]) -> list[str]:
     rows = judged["rows"]
-    head = "| task | family | offered | not fitting | gen prompts | facts missing | 'slower' | path |"
+    head = "| task | family | offered | misfits | gen prompts | facts missing | 'slower' | path |"
     lines = [f"## {label}", head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
