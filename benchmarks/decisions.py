@@ -182,8 +182,17 @@ def _run_task(path: Path) -> dict[str, Any]:
                                            runtime_ms=2.0, compiled=True)  # fmt: skip
         store.apply_outcome(outcome)
         optimizer.result.steps.append(
-            Step(number, decision.global_id, node.id, "bench", Status.NOT_IMPROVED, 0.0, 1.5,
-                 verdict=verdict, versus_best=duel)  # fmt: skip
+            Step(
+                number,
+                decision.global_id,
+                node.id,
+                "bench",
+                Status.NOT_IMPROVED,
+                0.0,
+                1.5,
+                verdict=verdict,
+                versus_best=duel,
+            )  # fmt: skip
         )
     return {"family": optimizer.episode.family, "start": current_source(optimizer, task),
             "choices": choices, "generations": generations}  # fmt: skip

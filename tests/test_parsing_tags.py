@@ -20,7 +20,7 @@ def cpu(body: str, flags: str = '["-O2"]') -> set[str]:
     return parsing.features(source, "cpu")
 
 
-LOOP = "extern \"C\" void f(const float* x, float* y, long n) {\n%s\n}"
+LOOP = 'extern "C" void f(const float* x, float* y, long n) {\n%s\n}'
 AXPY = "for (long i = 0; i < n; ++i) y[i] = 2.0f * x[i];"
 
 
