@@ -421,7 +421,7 @@ class Optimizer:
             negative_warnings=[
                 f"{e.status} on {e.task_signature}: {e.note}"
                 for e in node.evidence_negative
-                if e.task_signature != self.episode.signature  # this run's are above
+                if e.note and e.task_signature != self.episode.signature  # this run's: above
             ],
             language=implement.language_of(self.task)[0],
             facts=self._facts(),

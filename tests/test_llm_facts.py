@@ -101,7 +101,7 @@ def test_failures_say_why_with_the_compiler_excerpt_and_the_max_error() -> None:
 
 def test_every_generation_prompt_carries_the_facts_and_whole_examples() -> None:
     block = facts.facts_block(backend="cpu", threads=1, reference=LINEAR)
-    example = "extern \"C\" void f() {}\n" + "// line\n" * 50 + "// THE END"
+    example = 'extern "C" void f() {}\n' + "// line\n" * 50 + "// THE END"
     system, prompt = generation_prompt(LINEAR, "code", "none", "### s", example, [], "python",
                                        facts=block)  # fmt: skip
     assert "## Facts" in prompt and "1 thread(s)" in prompt and "THE END" in prompt

@@ -35,7 +35,7 @@ def test_stop_is_offered_after_a_step_and_ends_with_its_reason(server: ScriptedA
     assert decision.local_id == STOP and decision.reason == "every candidate is a no-op here"
     sent = server.requests[0].body
     enum = sent["response_format"]["json_schema"]["schema"]["properties"]["local"]["enum"]
-    assert STOP in enum and "answer \"stop\"" in sent["messages"][1]["content"]
+    assert STOP in enum and 'answer "stop"' in sent["messages"][1]["content"]
 
 
 def test_stop_is_not_offered_before_the_first_step(server: ScriptedAPIServer) -> None:

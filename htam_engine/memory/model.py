@@ -244,8 +244,10 @@ class LocalNode:
         if best is not None:
             lines.append(f"Worked: {best.task_signature} {_fmt_speedup(best.speedup)}")
         for bad in self.evidence_negative[:2]:
+            label = "No gain" if bad.status == "not_improved" else "Failed"
+            ratio = f" ({bad.speedup:.2f}x the best)" if bad.speedup else ""
             note = f": {_clip(bad.note, 120)}" if bad.note else ""
-            lines.append(f"Failed: {bad.status} on {bad.task_signature}{note}")
+            lines.append(f"{label}: {bad.status}{ratio} on {bad.task_signature}{note}")
         return _clip("\n".join(lines), LOCAL_PROMPT_CHARS)
 
     def to_json(self) -> dict[str, Any]:
@@ -340,7 +342,7 @@ class Outcome:
             speedup=self.speedup,
             runtime_ms=self.runtime_ms,
             code_excerpt=_clip(self.code_excerpt, EXCERPT_CHARS),
-            note=self.note or f"reward {self.reward:+.2f}",
+            note=self.note,  # what happened; the reward is in the statistics
         )
 
     def update_stats(self, stats: Stats, w: float = 1.0) -> None:
