@@ -3,12 +3,15 @@ may call a run converged."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from helpers.llm_api_server import Reply, ScriptedAPIServer, sdk_provider
 
+from htam_engine.llm import make_provider
 from htam_engine.memory import START, Outcome, load_seed
 from htam_engine.policy import STOP, PolicyConfig, make_prefix, predicts_no_gain, select_global
 from htam_engine.policy.llm_chooser import LLMLocalSelector
@@ -73,3 +76,25 @@ def test_the_memory_calls_a_run_converged_only_after_steps_that_kept_nothing() -
     assert not run(2, 0.9, "not_improved")[0]  # too early to say
     assert not run(6, 1.3, "improved")[0]
     assert START  # the prefix starts there (make_prefix)
+
+
+RECORDED = Path(__file__).parent / "fixtures" / "llm" / "frontier" / "softmax-facts-stop.jsonl"
+
+
+def test_a_recorded_capable_model_stops_on_no_op_candidates(tmp_path: Path) -> None:
+    """The run recorded against a capable answerer: its generation prompt carried the
+    facts, and its last choice, offered only no-ops for the AVX2 kernel it had, was stop."""
+    lines = RECORDED.read_text().splitlines()
+    generate = next(json.loads(x) for x in lines if json.loads(x)["purpose"] == "generate")
+    assert "## Facts" in generate["prompt"] and "1 thread(s)" in generate["prompt"]
+    last = json.loads(lines[-1])
+    assert last["purpose"] == "local" and "Valid ids: " in last["prompt"]
+    cassette = tmp_path / "stop.jsonl"
+    cassette.write_text(lines[-1] + "\n")
+    provider, _ = make_provider("replay", cassette=cassette, env={})
+    assert provider is not None
+    tags = {"intrinsics", "vector_types", "loops", "opt_O3", "march_native", "no_restrict"}
+    done = State("cpu", "reduction", "cpu:reduction:softmax", tags,
+                 path=[PathEntry("algorithm_fusion", "fuse_passes", "improved")])  # fmt: skip
+    decision = LLMLocalSelector(provider).choose(load_seed("cpu"), "scalar_efficiency", done, {})
+    assert decision.local_id == STOP and "no-op" in decision.reason
