@@ -34,8 +34,10 @@ EXAMPLE = REPO / "examples" / "softmax"
 READY_S = 180
 # The server's context, which also bounds each answer (llama.cpp cuts max_tokens to what
 # is left after the prompt): a generation asks for 6,144 tokens, which at the ~17 tokens/s
-# of this model on 2 cores outlasts the 300 s deadline (the run then stops: LLM failed).
-# 4,096 leaves a code prompt (~800 tokens) about 3,300 tokens, some 200 s.
+# of this model on 2 cores outlasts the 300 s deadline; the deadline now grows to fit the
+# speed measured on the first calls (`llm.limits.adapt`), and a generation that still
+# runs out fails its step (`no_code`), not the run. 4,096 leaves a code prompt (~1,800
+# tokens with the facts) about 2,300 tokens, some 140 s.
 N_CTX = 4096
 
 

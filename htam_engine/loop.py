@@ -23,12 +23,21 @@ from htam_engine import events, implement, parsing
 from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
 from htam_engine.evaluate import Duel, ErrorKind, Verdict, evaluate, standby
 from htam_engine.evaluate.cache import usable_as_baseline
-from htam_engine.evaluate.runner import compare, pooled_interval
+from htam_engine.evaluate.runner import compare, pooled_interval, timing_threads
 from htam_engine.events import Phase, Step
 from htam_engine.implement import Implemented
 from htam_engine.llm import LLMError, Provider, generation_prompt, translation_prompt
+from htam_engine.llm import facts as llm_facts
+from htam_engine.llm.limits import BudgetExhausted
 from htam_engine.memory import START, Graph, LocalNode, MemoryStore
-from htam_engine.policy import EvidenceLocalSelector, LocalSelector, PolicyConfig
+from htam_engine.policy import (
+    STOP,
+    EvidenceLocalSelector,
+    LocalSelector,
+    PolicyConfig,
+    predicts_no_gain,
+    unfit,
+)
 from htam_engine.policy.llm_chooser import LLMLocalSelector
 from htam_engine.state import State
 from htam_engine.strategies import REGISTRY
@@ -42,6 +51,8 @@ TRAJECTORIES = "trajectories"
 MAX_DUELS = 3  # runs of one ambiguous duel, pooled, before a win is given up
 TRANSLATE = "translate"  # the local id of step 0 when the LLM writes the first version
 EXCLUDED = "excluded: it failed on this task in an earlier run"
+LLM_FAILURES = 2  # consecutive failed LLM generations before the run goes mechanical
+LLM_FAILED = "LLM failed: "  # how a step's note starts when the LLM gave no answer
 
 
 class RunStopped(Exception):
@@ -184,6 +195,7 @@ class Optimizer:
         self.start_source = start_source  # what the steps start from (the translation's)
         self.failed: dict[str, Status | str] = dict.fromkeys(config.exclude, EXCLUDED)
         self.base: str | None = None  # a plateau candidate the next step starts from
+        self.llm_failures = 0  # consecutive generations the LLM did not answer
 
     # -- the loop -------------------------------------------------------------------
 
@@ -215,7 +227,7 @@ class Optimizer:
                 break
             try:
                 record = self._step(step)
-            except LLMError as error:  # not the strategy's fault: learn nothing, stop
+            except BudgetExhausted as error:  # the user's limit: stop
                 self.result.stopped = f"LLM failed: {error}"
                 break
             except RunStopped as stop:
@@ -241,9 +253,13 @@ class Optimizer:
         self._phase(step, "select")
         decision = self.episode.decide(usable, state, self.rng, self.local_selector, applicable)
         g, local_id = decision.global_id, decision.local_id
+        if local_id == STOP:
+            raise RunStopped(f"stop: {decision.local.reason}")
+        if predicts_no_gain(decision.global_decision, state):
+            raise RunStopped("converged")
         self.tried.add((local_id, current))
         self._phase(step, "generate", g, local_id)
-        made = self._implement(step, graph.locals[local_id], current, g, local_id)
+        made = self._implement_or_fail(step, graph.locals[local_id], current, g, local_id)
         candidate, verdict = made.code, made.verdict
         versus_best: Duel | None = None
         if candidate is None or verdict is None:
@@ -266,7 +282,10 @@ class Optimizer:
                 self.result.best_source, self.result.best_step = candidate, step
                 self.result.best_correct = True
         self._phase(step, "update", g, local_id)
-        r = self._learn(decision, status, verdict, speedup_vs_best, candidate)
+        # an LLM that did not answer says nothing about the strategy: nothing is learned
+        llm_down = made.note.startswith(LLM_FAILED)
+        r = 0.0 if llm_down else self._learn(decision, status, verdict, speedup_vs_best,
+                                             candidate, made.note)  # fmt: skip
         record = Step(
             step=step,
             global_id=g,
@@ -305,7 +324,7 @@ class Optimizer:
             self.result.stopped = "nothing to start from and no LLM to write a first version"
             return None
         self._phase(0, "generate", START, TRANSLATE)
-        prompt = translation_prompt(self.task.reference_source, self.task.backend)
+        prompt = translation_prompt(self.task.reference_source, self.task.backend, self._facts())
         made = implement.with_llm(
             self.provider,
             prompt,
@@ -334,8 +353,11 @@ class Optimizer:
     def _applicability(self, graph: Graph, source: str) -> dict[str, str | None]:
         """None for a runnable strategy, else the reason it cannot run now."""
         result: dict[str, str | None] = {}
+        state = self._state(source)
         for local_id, node in graph.locals.items():
-            if local_id in self.failed:
+            if why_not := unfit(node, state):
+                result[local_id] = f"does not fit: {why_not}"
+            elif local_id in self.failed:
                 why = self.failed[local_id]
                 result[local_id] = why if why == EXCLUDED else f"failed earlier in this run ({why})"
             elif (local_id, source) in self.tried:
@@ -347,16 +369,43 @@ class Optimizer:
                 )
             elif self.provider is None:
                 result[local_id] = "needs an LLM (offline provider: mechanical strategies only)"
+            elif self.llm_failures >= LLM_FAILURES:
+                result[local_id] = f"needs an LLM (it failed {LLM_FAILURES} times in a row)"
             else:
                 result[local_id] = None
         return result
 
     def _state(self, source: str) -> State:
-        return self.episode.state(
+        state = self.episode.state(
             parsing.features(source, self.task.backend),
             last_speedup=self.result.steps[-1].speedup if self.result.steps else None,
             best_speedup=self.result.best_speedup,
         )
+        state.threads = timing_threads()
+        state.report = llm_facts.attempts_text(self.result.steps[-3:])
+        return state
+
+    def _implement_or_fail(
+        self, step: int, node: LocalNode, current: str, g: str, local_id: str
+    ) -> Implemented:
+        """`_implement`; an LLM that fails (a deadline, a refusal) fails this step only
+        (`no_code` with the reason); after `LLM_FAILURES` in a row the run goes on with
+        mechanical strategies and says so."""
+        try:
+            made = self._implement(step, node, current, g, local_id)
+        except BudgetExhausted:
+            raise
+        except LLMError as error:
+            self.llm_failures += 1
+            note = f"{LLM_FAILED}{error}"
+            if self.llm_failures >= LLM_FAILURES:
+                note += f"; {LLM_FAILURES} failures in a row: mechanical strategies from now on"
+                self.local_selector = EvidenceLocalSelector()
+                self.result.note = self.result.note or note
+            return Implemented(None, None, note)
+        if not node.mechanical:
+            self.llm_failures = 0
+        return made
 
     def _implement(
         self, step: int, node: LocalNode, current: str, g: str, local_id: str
@@ -365,24 +414,41 @@ class Optimizer:
         if node.mechanical:
             return implement.mechanical(node.mechanical, current, measure)
         assert self.provider is not None  # non-mechanical nodes are inapplicable offline
+        family = self.episode.family
+        example = node.example(family)
         prompt = generation_prompt(
             task_source=self.task.reference_source,
             current_code=current,
-            feedback=self._feedback_text(),
-            local_text=node.prompt_text(),
-            positive_example=(
-                node.evidence_positive[0].code_excerpt if node.evidence_positive else None
-            ),
-            negative_warnings=[e.note or e.code_excerpt for e in node.evidence_negative],
+            feedback=llm_facts.attempts_text(self.result.steps),
+            local_text=node.prompt_text(family),
+            positive_example=example.code_excerpt if example else None,
+            negative_warnings=[
+                f"{e.status} on {e.task_signature}: {e.note}"
+                for e in node.evidence_negative
+                if e.note and e.task_signature != self.episode.signature  # this run's: above
+            ],
             language=implement.language_of(self.task)[0],
+            facts=self._facts(),
         )
         return implement.with_llm(
             self.provider,
             prompt,
             measure,
             task=self.task,
-            local_text=node.prompt_text(),
+            local_text=node.prompt_text(family),
             candidates=self.config.candidates,
+        )
+
+    def _facts(self) -> str:
+        best = next((s for s in self.result.steps if s.step == self.result.best_step), None)
+        return llm_facts.facts_block(
+            backend=self.task.backend,
+            threads=timing_threads(),
+            reference=self.task.reference_source,
+            allowed=self.task.allow_torch,
+            start=self.result.start_verdict,
+            best=best.verdict if best else None,
+            best_step=self.result.best_step,
         )
 
     def _measurer(self, step: int, g: str, local_id: str) -> implement.Measure:
@@ -489,6 +555,7 @@ class Optimizer:
         verdict: Verdict,
         speedup: float | None,
         candidate: str | None,
+        note: str = "",
     ) -> float:
         """One transaction in the memory; returns the step's reward."""
         outcome = self.episode.finish(
@@ -497,8 +564,9 @@ class Optimizer:
             speedup=speedup,
             runtime_ms=verdict.runtime_ms,
             compiled=verdict.compiled,
-            code_excerpt=_excerpt(candidate or ""),
+            code_excerpt=candidate or "",
         )
+        outcome.note = note or llm_facts.failure_note(verdict)
         self.store.apply_outcome(outcome)
         if status.info.penalty is not None:
             self.failed[decision.local_id] = status
@@ -521,17 +589,6 @@ class Optimizer:
         if duel.correct and duel.interval:
             self.result.best_over_start = duel.speedup
             self.result.best_interval = (duel.interval.low, duel.interval.high)
-
-    def _feedback_text(self) -> str:
-        if not self.result.steps:
-            v = self.result.start_verdict or Verdict()
-            return f"starting implementation: correct={v.correct}, {v.runtime_ms} ms"
-        last = self.result.steps[-1]
-        error = last.error.message if last.error else "none"
-        return (
-            f"last step {last.global_id}/{last.local_id}: {last.status}; "
-            f"speedup over start {last.speedup}; error: {error}"
-        )
 
     def _phase(self, step: int, phase: str, g: str = "", local: str = "") -> None:
         self.emit(Phase(step, self.config.steps, phase, g, local, time.time()))
@@ -562,7 +619,3 @@ def _restrict_to_applicable(graph: Graph, applicable: dict[str, str | None]) -> 
 
 def _input_tokens(made: Implemented) -> int:
     return int(made.llm.get("usage", {}).get("input_tokens", 0))
-
-
-def _excerpt(source: str, limit: int = 600) -> str:
-    return source if len(source) <= limit else source[:limit] + "\n..."

@@ -133,3 +133,95 @@ def kill_process_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+# --- what a kernel engineer asks about the machine first ------------------------------
+
+from dataclasses import dataclass  # noqa: E402 - this section's own imports
+from functools import cache  # noqa: E402
+
+ISA_FLAGS = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+    "avx512_vnni", "avx512_bf16", "amx_tile", "neon", "asimd", "sve",
+)  # fmt: skip
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+GPU_QUERY = "name,compute_cap,memory.total,clocks.max.sm,clocks.max.memory"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's `key: value` lines of /proc/cpuinfo."""
+    found: dict[str, str] = {}
+    for line in _read(Path("/proc/cpuinfo")).splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        found.setdefault(key.strip(), value.strip())
+    return found
+
+
+def _caches() -> list[str]:
+    """e.g. ["L1d 48K", "L2 2048K", "L3 32768K"] from sysfs (per core, L3 shared)."""
+    sizes = []
+    for index in sorted(CPU_CACHES.glob("index*")):
+        kind = _read(index / "type")
+        if kind == "Instruction":
+            continue
+        level = _read(index / "level")
+        suffix = "d" if kind == "Data" else ""
+        sizes.append(f"L{level}{suffix} {_read(index / 'size')}")
+    return sizes
+
+
+def _gpus() -> list[dict[str, str]]:
+    """One dict per NVIDIA GPU from nvidia-smi (name, SM, memory, clocks); [] without one."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not gpu_present() or smi is None:
+        return []
+    try:
+        done = subprocess.run(
+            [smi, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    keys = GPU_QUERY.split(",")
+    return [
+        dict(zip(keys, (v.strip() for v in line.split(",")), strict=False))
+        for line in done.stdout.splitlines()
+        if line.strip()
+    ]
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    cpu: str
+    isa: list[str]  # the ISA_FLAGS the CPU has
+    cores: int  # cores this process may run on
+    caches: list[str]
+    gpus: list[dict[str, str]]  # GPU_QUERY's keys: name, SM, memory (MiB), clocks (MHz)
+
+
+@cache
+def cpu_facts() -> MachineFacts:
+    """The machine as a prompt states it: CPU model, ISA flags, cores, cache sizes, and
+    each GPU's name, SM (compute capability), memory and max clocks. Read once per
+    process (sysfs, /proc; nvidia-smi only where a GPU is present)."""
+    info = _cpuinfo()
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    return MachineFacts(
+        cpu=info.get("model name") or info.get("Processor") or "unknown CPU",
+        isa=[f for f in ISA_FLAGS if f in flags],
+        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0,
+        caches=_caches(),
+        gpus=_gpus(),
+    )

@@ -32,20 +32,26 @@ class State:
     last_speedup: float | None = None
     best_speedup: float | None = None
     path: list[PathEntry] = field(default_factory=list)
+    threads: int = 1  # the thread count timing runs with (`evaluate.runner.timing_threads`)
+    report: str = ""  # the last steps in the feedback vocabulary (`llm.facts.feedback`)
 
     def tags(self) -> set[str]:
-        """Every tag a trigger can match: static features, feedback and the family."""
-        return self.features | self.feedback | {self.family, self.backend}
+        """Every tag a trigger can match: static features, feedback, the family and the
+        timing's thread policy."""
+        timing = "multi_thread_timing" if self.threads > 1 else "single_thread_timing"
+        return self.features | self.feedback | {self.family, self.backend, timing}
 
     def describe(self) -> str:
-        """A compact text form for prompts and hover."""
+        """A compact text form for prompts and hover; speedups are over the starting
+        implementation (the run's best was kept only when it won its paired duel)."""
         recent = ", ".join(f"{p.global_id}/{p.local_id}:{p.status}" for p in self.path[-3:])
         lines = [
             f"backend={self.backend} family={self.family} task={self.task_signature}",
             f"features: {', '.join(sorted(self.features)) or 'none'}",
-            f"feedback: {', '.join(sorted(self.feedback)) or 'none'}",
-            f"last speedup: {format_speedup(self.last_speedup)}; "
-            f"best so far: {format_speedup(self.best_speedup)}",
+            f"timing: {self.threads} thread(s) for every side",
+            self.report
+            or f"over the start: last step {format_speedup(self.last_speedup)}, "
+            f"best kept {format_speedup(self.best_speedup)}",
             f"recent path: {recent or 'none (first step)'}",
         ]
         return "\n".join(lines)

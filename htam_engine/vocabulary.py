@@ -192,6 +192,8 @@ FEATURE_TAGS: dict[Backend, frozenset[str]] = {
             "large_block",
             "fast_math",
             "no_fast_math",
+            "warp_primitives",
+            "blocked_loops",
         }
     ),  # fmt: skip
     "cpu": frozenset(
@@ -209,6 +211,10 @@ FEATURE_TAGS: dict[Backend, frozenset[str]] = {
             "nested_loops",
             "blocked_loops",
             "fixed_trip_loop",
+            "intrinsics",
+            "vector_types",
+            "prefetch",
+            "fast_math",
         }
     ),  # fmt: skip
     "triton": frozenset(
@@ -241,6 +247,11 @@ FEATURE_TAGS: dict[Backend, frozenset[str]] = {
 }
 
 
+# The timing's thread policy as a state tag (`State.tags`): a strategy that only pays
+# with threads needs `multi_thread_timing`.
+TIMING_TAGS = frozenset({"single_thread_timing", "multi_thread_timing"})
+
+
 def state_tags(backend: Backend) -> frozenset[str]:
     """Every tag a state of `backend` can carry: what a seed trigger may name."""
-    return FEATURE_TAGS[backend] | FEEDBACK_TAGS | set(FAMILIES) | {backend}
+    return FEATURE_TAGS[backend] | FEEDBACK_TAGS | set(FAMILIES) | TIMING_TAGS | {backend}

@@ -23,7 +23,7 @@ from htam_engine.llm.measure import CODE_PURPOSES, measure
 from htam_engine.llm.measure import main as measure_main
 from htam_engine.llm.remote import GRAMMAR_STRING_CHARS
 from htam_engine.llm.replay import read_cassette
-from htam_engine.memory.model import load_seed
+from htam_engine.memory.model import Graph, load_seed
 from htam_engine.policy.llm_chooser import LLMLocalSelector
 from htam_engine.state import State
 
@@ -53,6 +53,26 @@ def offered(entry: dict[str, Any]) -> list[str]:
     """The runnable ids the recorded prompt offered (a candidate's title line, `### Name
     (id)`, also starts with ###, but names no id on its own)."""
     return [m for m in CANDIDATE.findall(entry["prompt"]) if "(" not in m]
+
+
+def fitting(graph: Graph, entry: dict[str, Any]) -> list[str]:
+    """The offered ids that fit the recorded kernel (what the selector offers today)."""
+    state = recorded_state(entry)
+    return [i for i in offered(entry) if graph.locals[i].fits(state.family, state.tags()) is None]
+
+
+def recorded_state(entry: dict[str, Any]) -> State:
+    """The state a recorded choice prompt describes (its family and feature tags)."""
+    prompt = entry.get("prompt", "")
+    family = re.search(r"family=(\w+)", prompt)
+    features = re.search(r"^features: (.*)$", prompt, re.M)
+    tags = {t.strip() for t in features.group(1).split(",")} if features else set()
+    return State(
+        backend="cpu",
+        family=family.group(1) if family else "reduction",
+        task_signature="cpu:reduction:softmax",
+        features=tags - {"none"},
+    )
 
 
 def language(entry: dict[str, Any]) -> str:
@@ -114,6 +134,7 @@ def test_the_selector_falls_back_with_a_reason_on_every_recorded_choice(tmp_path
     graph = load_seed("cpu")
     cassette = tmp_path / "choices.jsonl"
     usable = [e for _, e in PROMPTED_CHOICES if set(offered(e)) <= set(graph.locals)]
+    usable = [e for e in usable if fitting(graph, e)]  # some offered only misfits
     assert usable, "the seed no longer has the recorded strategies"
     cassette.write_text("".join(json.dumps(e) + "\n" for e in usable))
     provider, _ = make_provider("replay", cassette=cassette, env={})
@@ -122,7 +143,8 @@ def test_the_selector_falls_back_with_a_reason_on_every_recorded_choice(tmp_path
     for entry in usable:
         runnable = offered(entry)
         direction = graph.locals[runnable[0]].parent
-        state = State(backend="cpu", family="reduction", task_signature="cpu:reduction:softmax")
+        state = recorded_state(entry)
+        runnable = fitting(graph, entry)
         applicable = {
             node.id: None if node.id in runnable else "not offered in the recording"
             for node in graph.locals_of(direction)
@@ -262,6 +284,7 @@ def test_the_selector_uses_every_recorded_grammar_choice(tmp_path: Path) -> None
     in the recorded form, with no fallback to the evidence ranking."""
     graph = load_seed("cpu")
     usable = [e for _, e in GRAMMAR_CHOICES if set(offered(e)) <= set(graph.locals)]
+    usable = [e for e in usable if fitting(graph, e)]  # some offered only misfits
     assert usable, "the seed no longer has the recorded strategies"
     cassette = tmp_path / "choices.jsonl"
     cassette.write_text("".join(json.dumps(e) + "\n" for e in usable))
@@ -271,13 +294,18 @@ def test_the_selector_uses_every_recorded_grammar_choice(tmp_path: Path) -> None
     for entry in usable:
         runnable = offered(entry)
         direction = graph.locals[runnable[0]].parent
-        state = State(backend="cpu", family="reduction", task_signature="cpu:reduction:softmax")
+        state = recorded_state(entry)
+        runnable = fitting(graph, entry)
         applicable = {
             node.id: None if node.id in runnable else "not offered in the recording"
             for node in graph.locals_of(direction)
         }
         decision = selector.choose(graph, direction, state, applicable)
-        assert decision.local_id == json.loads(entry["text"])["local"]
+        answer = json.loads(entry["text"])["local"]
+        if answer not in runnable:  # its answer does not fit: refused, the ranking picks
+            assert decision.local_id in runnable and not selector.last.valid
+            continue
+        assert decision.local_id == answer
         assert selector.last is not None and selector.last.valid
         assert selector.last.form == "json_grammar"
         assert decision.reason.endswith("[LLM, json_grammar]")

@@ -168,8 +168,10 @@ def test_a_choice_needs_candidates() -> None:
 def _choose(selector: LLMLocalSelector) -> tuple[str, str, list[str]]:
     graph = load_seed("cpu")
     direction = graph.locals["omp_simd"].parent
-    runnable = [node.id for node in graph.locals_of(direction)]
-    state = State(backend="cpu", family="reduction", task_signature="cpu:reduction:softmax")
+    features = {"loops", "nested_loops", "no_simd", "no_restrict", "low_opt"}
+    state = State("cpu", "reduction", "cpu:reduction:softmax", features=features)
+    fits = [n.id for n in graph.locals_of(direction) if n.fits(state.family, state.tags()) is None]
+    runnable = fits  # a strategy that does not fit is never offered
     decision = selector.choose(graph, direction, state, dict.fromkeys(runnable))
     return decision.local_id, decision.reason, runnable
 

@@ -79,7 +79,10 @@ def test_prompt_texts_are_bounded_and_carry_evidence() -> None:
     node = graph.locals["vectorized_float4"]
     node.record(Evidence("cuda:relu:f32[1M]", "improved", 1.7, 0.1, "float4 v = ...", ""))
     node.record(Evidence("cuda:add:f32[7]", "incorrect", None, None, "", "tail dropped"))
-    text = node.prompt_text()
-    assert "float4 v = ..." in text and "tail dropped" in text
+    text = node.prompt_text("elementwise")
+    assert "cuda:relu:f32[1M] (1.70x)" in text and "tail dropped" in text
+    assert "float4 v" not in text  # the code goes whole into the generation prompt
+    example = node.example("elementwise")
+    assert example is not None and example.code_excerpt == "float4 v = ..."
     assert len(text) <= 1200
     assert all(len(g.prompt_text()) <= 700 for g in graph.globals.values())

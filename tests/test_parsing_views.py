@@ -147,7 +147,8 @@ def test_feature_tags_see_optimised_code() -> None:
     """
     tags = parsing.features(cuda, "cuda")
     assert tags == {
-        "shared_memory", "vectorized_loads", "grid_stride", "restrict_pointers", "launch_bounds",
+        "shared_memory", "vectorized_loads", "warp_primitives", "grid_stride",
+        "restrict_pointers", "launch_bounds",
         "pragma_unroll", "fixed_trip_loop", "loops", "nested_loops", "atomics", "warp_shuffle",
         "syncthreads", "half_precision", "multiple_kernels", "large_block", "no_fast_math",
     }  # fmt: skip

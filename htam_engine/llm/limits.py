@@ -55,6 +55,25 @@ def limit_for(purpose: str, reasoning: bool = False) -> CallLimit:
     return CallLimit(base.max_tokens + extra.max_tokens, base.deadline_s + extra.deadline_s)
 
 
+# A server's measured output speed bounds what a call can finish: a local model that
+# writes 20 tokens/s needs 5 minutes for a 6,144-token file. Its deadline grows to fit
+# (up to LOCAL_DEADLINE_S: it costs nothing but time); where the deadline cannot grow
+# (a paid API, or past that cap) max_tokens shrinks to what fits, never below MIN_TOKENS.
+LOCAL_DEADLINE_S = 1800.0
+SPEED_MARGIN = 1.25
+MIN_TOKENS = 256
+
+
+def adapt(limit: CallLimit, tokens_per_s: float | None, local: bool) -> CallLimit:
+    """`limit` fitted to a server that writes `tokens_per_s` (None: not measured yet)."""
+    if not tokens_per_s or tokens_per_s <= 0:
+        return limit
+    needed = SPEED_MARGIN * limit.max_tokens / tokens_per_s
+    deadline = min(max(limit.deadline_s, needed), LOCAL_DEADLINE_S) if local else limit.deadline_s
+    fits = int(tokens_per_s * deadline / SPEED_MARGIN)
+    return CallLimit(max(min(limit.max_tokens, fits), min(MIN_TOKENS, limit.max_tokens)), deadline)
+
+
 class BudgetExhausted(LLMError):
     """The run's token or cost budget does not allow another call."""
 

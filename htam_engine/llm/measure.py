@@ -58,7 +58,10 @@ class Report:
             self._add_code(entry)
 
     def _add_choice(self, entry: dict[str, Any]) -> None:
-        offered = _OFFERED.findall(entry.get("prompt", ""))
+        prompt = entry.get("prompt", "")
+        offered = _OFFERED.findall(prompt)
+        if re.search(r"^Valid ids: .*, stop$", prompt, re.M):
+            offered.append("stop")  # offered once a run has a result to keep
         form = str(entry.get("form") or "prompted")
         self.choices += 1
         self.choice_forms[form] += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from htam_engine.llm.tokens import truncate_tokens
+from htam_engine.llm.tokens import count_tokens, truncate_tokens
 
 LANGUAGES = {"python": "python", "cuda": "cuda", "cpp": "cpp"}
 
@@ -19,12 +19,14 @@ BUDGET = {
     "code": 4500,
     "feedback": 600,
     "local": 900,
-    "positive": 1200,
+    "positive": 2000,
     "warning": 120,
     "state": 900,
     "global": 700,
     "candidate": 250,
     "failure": 1200,
+    "facts": 900,
+    "attempts": 700,
 }
 MAX_WARNINGS = 5
 MAX_CANDIDATES = 12
@@ -49,12 +51,22 @@ at most one short sentence.
 - Apply the requested optimization strategy; respect its checks.
 - The computation must really run in your kernel: no calls back into the PyTorch \
 reference, no cached or precomputed outputs, no side streams or threads that hide work, \
-no lower precision unless the strategy says so."""
+no lower precision unless the strategy says so.
+- Timing runs every side on one thread: do not add OpenMP or other threads; use the \
+machine's SIMD ISA and caches (the facts section lists them)."""
+TRANSLATE_SYSTEM_NOTE = (
+    "This first version must above all be correct; the later steps make it fast."
+)
 
 LOCAL_SYSTEM = """You choose the next optimization strategy for a kernel, inside a \
 direction that was already chosen. Answer with ONE JSON object and nothing else, with \
 two keys: "local" (one of the valid candidate ids, exactly as listed) and "reason" (one \
 line: why this strategy, now)."""
+STOP_NOTE = (
+    "If no candidate can make this kernel faster (each would be a no-op on the current "
+    'code, or the kernel is already near its limits), answer "stop" as "local": the run '
+    "keeps the best implementation so far and ends, with your reason."
+)
 
 
 def _section(title: str, body: str) -> str:
@@ -65,7 +77,7 @@ def _fenced(text: str, fence: str, budget: int) -> str:
     return f"```{fence}\n{truncate_tokens(text.strip(), budget)}\n```"
 
 
-_TARGETS = {"python": "GPU (CUDA) and CPU (C++)", "cuda": "CUDA", "cpp": "CPU C++ (OpenMP/SIMD)"}
+_TARGETS = {"python": "GPU (CUDA) and CPU (C++)", "cuda": "CUDA", "cpp": "CPU C++ (SIMD, caches)"}
 
 
 def generation_prompt(
@@ -76,31 +88,39 @@ def generation_prompt(
     positive_example: str | None,
     negative_warnings: Sequence[str],
     language: str,
+    facts: str = "",
 ) -> tuple[str, str]:
     """(system, prompt) asking for the next implementation as one fenced file.
 
-    `local_text` is `LocalNode.prompt_text()`: the strategy, its edit pattern and checks.
+    `local_text` is `LocalNode.prompt_text()`: the strategy, its edit pattern and checks;
+    `facts` is `llm.facts.facts_block` (machine, timing, checks, shapes, times) and
+    `feedback` the earlier attempts (`llm.facts.attempts_text`). An example is shown
+    whole or not at all: one cut mid-way teaches the wrong thing.
     """
     if language not in LANGUAGES:
         raise ValueError(f"language must be one of {', '.join(LANGUAGES)}, not {language!r}")
     fence = LANGUAGES[language]
     parts = [
         _section("Task (the PyTorch reference)", _fenced(task_source, "python", BUDGET["task"])),
+        *([_section("Facts", truncate_tokens(facts, BUDGET["facts"]))] if facts else []),
         _section("Current implementation", _fenced(current_code, fence, BUDGET["code"])),
-        _section("Last feedback", truncate_tokens(feedback or "none yet", BUDGET["feedback"])),
+        _section(
+            "Earlier attempts on this task (newest first)",
+            truncate_tokens(feedback or "none yet", BUDGET["attempts"]),
+        ),
         _section("Strategy to apply", truncate_tokens(local_text, BUDGET["local"])),
     ]
-    if positive_example:
+    if positive_example and count_tokens(positive_example) <= BUDGET["positive"]:
         parts.append(
             _section(
-                "An example where this strategy worked",
-                _fenced(positive_example, fence, BUDGET["positive"]),
+                "An example where this strategy worked (whole)",
+                f"```{fence}\n{positive_example.strip()}\n```",
             )
         )
     warnings = [w.strip() for w in negative_warnings if w.strip()][:MAX_WARNINGS]
     if warnings:
         shown = "\n".join(f"- {truncate_tokens(w, BUDGET['warning'])}" for w in warnings)
-        parts.append(_section("Where this strategy failed before (avoid)", shown))
+        parts.append(_section("Where this strategy failed on other tasks (avoid)", shown))
     parts.append(f"Write the new implementation now: the complete file in one ```{fence} block.")
     return generation_system(language), "\n".join(parts)
 
@@ -147,13 +167,14 @@ _TRANSLATE_FORMS = {
 }
 
 
-def translation_prompt(task_source: str, backend: str) -> tuple[str, str]:
+def translation_prompt(task_source: str, backend: str, facts: str = "") -> tuple[str, str]:
     """(system, prompt) asking for a first, straightforward `ModelNew` of the reference
     (a KernelBench problem holds only `Model`), for `backend` ("cpu" or "cuda")."""
     if backend not in _TRANSLATE_FORMS:
         raise ValueError(f"backend must be one of {', '.join(_TRANSLATE_FORMS)}, not {backend!r}")
     parts = [
         _section("Task (the PyTorch reference)", _fenced(task_source, "python", BUDGET["task"])),
+        *([_section("Facts", truncate_tokens(facts, BUDGET["facts"]))] if facts else []),
         _section(
             "What to write",
             "A first, correct custom-kernel implementation of `Model` named `ModelNew`: "
@@ -162,11 +183,15 @@ def translation_prompt(task_source: str, backend: str) -> tuple[str, str]:
         ),
         "Write the implementation now: the complete file in one ```python block.",
     ]
-    return generation_system("python"), "\n".join(parts)
+    return f"{generation_system('python')}\n{TRANSLATE_SYSTEM_NOTE}", "\n".join(parts)
 
 
 def local_selection_prompt(
-    state_text: str, global_text: str, candidates: Sequence[tuple[str, str]]
+    state_text: str,
+    global_text: str,
+    candidates: Sequence[tuple[str, str]],
+    *,
+    may_stop: bool = False,
 ) -> tuple[str, str]:
     """(system, prompt) asking which local strategy to apply, answered as JSON.
 
@@ -184,7 +209,10 @@ def local_selection_prompt(
             _section("Current state", truncate_tokens(state_text, BUDGET["state"])),
             _section("Chosen direction", truncate_tokens(global_text, BUDGET["global"])),
             _section("Candidate strategies", listed),
-            "Valid ids: " + ", ".join(local_id for local_id, _ in candidates[:MAX_CANDIDATES]),
+            "Valid ids: "
+            + ", ".join([local_id for local_id, _ in candidates[:MAX_CANDIDATES]])
+            + (", stop" if may_stop else ""),
+            *([STOP_NOTE] if may_stop else []),
             'Answer with one JSON object: {"local": one of the valid ids, "reason": one line}',
         ]
     )

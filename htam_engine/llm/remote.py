@@ -26,13 +26,14 @@ import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import anthropic
 import openai
 
+from htam_engine.llm import learned
 from htam_engine.llm.base import (
     Completion,
     JsonSchema,
@@ -43,7 +44,7 @@ from htam_engine.llm.base import (
     register_secret,
 )
 from htam_engine.llm.cache import ResponseCache, prompt_key
-from htam_engine.llm.limits import limit_for
+from htam_engine.llm.limits import CallLimit, adapt, limit_for
 from htam_engine.llm.prices import PriceTable
 from htam_engine.llm.structured import bounded_strings
 from htam_engine.llm.tokens import count_tokens
@@ -79,8 +80,9 @@ class RetryPolicy:
         backoff = self.base_s * 2**retry_index + self.rng.uniform(0, self.base_s)
         return min(backoff, self.max_delay_s)
 
-    def deadline_s(self, purpose: str, reasoning: bool = False) -> float:
-        deadline = limit_for(purpose, reasoning).deadline_s
+    def deadline_s(self, purpose: str, reasoning: bool = False, deadline: float = 0.0) -> float:
+        """The purpose's deadline (or `deadline`, an adapted one), capped by `timeout_s`."""
+        deadline = deadline or limit_for(purpose, reasoning).deadline_s
         return deadline if self.timeout_s is None else min(deadline, self.timeout_s)
 
 
@@ -279,7 +281,9 @@ class RemoteProvider(Provider):
         self.prices = prices
         self.cache = cache
         self.retry = retry or RetryPolicy()
-        self.forms = list(self.FORMS)  # shrinks as the server rejects forms
+        self.server = learned.server_key(self.name, base_url, model)
+        # shrinks as the server rejects forms; starts without those it refused before
+        self.forms = learned.known_forms(self.server, self.FORMS)
         self._forms_lock = threading.Lock()  # best-of-k samples share it
         self.pricing = self._pricing()
         if self.pricing == "unknown":
@@ -306,7 +310,9 @@ class RemoteProvider(Provider):
             return Completion(**{**hit, "cost_usd": 0.0, "cached": True, "latency_s": 0.0})
         purpose = request.purpose
         what = f"{self.name} {self.model}" + (f" ({purpose})" if purpose else "")
-        form, answer = self._answer(request, what)
+        limit = self._fitted(request)
+        request = replace(request, max_tokens=limit.max_tokens)
+        form, answer = self._answer(request, what, limit.deadline_s)
         cost = self.prices.cost(self.model, answer.input_tokens, answer.output_tokens)
         completion = Completion(
             answer.text,
@@ -321,6 +327,7 @@ class RemoteProvider(Provider):
         )
         if self.cache:
             self.cache.put(key, completion.to_json())
+        learned.record_speed(self.server, answer.output_tokens, completion.latency_s)
         log.info(
             "%s: %d in / %d out tokens%s, %s, %.2fs, form %s",
             what,
@@ -333,9 +340,22 @@ class RemoteProvider(Provider):
         )
         return completion
 
-    def _answer(self, request: LLMRequest, what: str) -> tuple[str, Answer]:
+    def _fitted(self, request: LLMRequest) -> CallLimit:
+        """The request's max_tokens and its purpose's deadline, fitted to this server's
+        measured speed (`limits.adapt`)."""
+        base = CallLimit(request.max_tokens, limit_for(request.purpose, self.reasoning).deadline_s)
+        fitted = adapt(base, learned.tokens_per_s(self.server), is_local_url(self.base_url))
+        if fitted != base:
+            log.info(
+                "%s %s: %d tokens within %.0fs at the measured %.1f tokens/s",
+                self.model, request.purpose, fitted.max_tokens, fitted.deadline_s,
+                learned.tokens_per_s(self.server) or 0.0,
+            )  # fmt: skip
+        return fitted
+
+    def _answer(self, request: LLMRequest, what: str, deadline: float) -> tuple[str, Answer]:
         """(form used, answer): free text, or the first structured form not refused."""
-        deadline_s = self.retry.deadline_s(request.purpose, self.reasoning)
+        deadline_s = self.retry.deadline_s(request.purpose, self.reasoning, deadline)
         if request.schema is None:
 
             def text() -> Answer:
@@ -360,6 +380,7 @@ class RemoteProvider(Provider):
             if self.forms[0] == form and len(self.forms) > 1:
                 self.forms.pop(0)
                 log.warning("%s; next %s", why, self.forms[0])
+                learned.refuse_form(self.server, form)  # the next run starts past it
 
     def _structured(self, request: LLMRequest, deadline_s: float, form: str, last: bool) -> Answer:
         try:

@@ -25,7 +25,7 @@ EVIDENCE_BOUND = 5
 TREND_RATE = 0.3
 GLOBAL_PROMPT_CHARS = 700
 LOCAL_PROMPT_CHARS = 1200
-EXCERPT_CHARS = 400
+EXCERPT_CHARS = 8000  # a whole kernel file: an example is shown whole or not at all
 
 
 class MemoryDataError(ValueError):
@@ -115,6 +115,13 @@ class Evidence:
     code_excerpt: str = ""
     note: str = ""
 
+    @property
+    def family(self) -> str:
+        """The operator family of the task it came from (`episode.task_signature` is
+        "backend:family:name")."""
+        parts = self.task_signature.split(":")
+        return parts[1] if len(parts) >= 3 else "unknown"
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -182,6 +189,27 @@ class LocalNode:
     stats: Stats = field(default_factory=Stats)
     evidence_positive: list[Evidence] = field(default_factory=list)
     evidence_negative: list[Evidence] = field(default_factory=list)
+    # Where it applies (seed data): operator families (empty = any), tags that must all
+    # be present, tags none of which may be; `texts` rewrites the edit pattern per family.
+    families: list[str] = field(default_factory=list)
+    needs: list[str] = field(default_factory=list)
+    forbids: list[str] = field(default_factory=list)
+    texts: dict[str, str] = field(default_factory=dict)
+
+    def fits(self, family: str, tags: set[str]) -> str | None:
+        """None when the strategy applies to a kernel of `family` with `tags`, else why not."""
+        if self.families and family not in self.families:
+            return f"for {'/'.join(self.families)} kernels, not {family}"
+        missing = [t for t in self.needs if t not in tags]
+        if missing:
+            return f"needs {', '.join(missing)}"
+        present = [t for t in self.forbids if t in tags]
+        if present:
+            return f"not with {', '.join(present)}"
+        return None
+
+    def edit_for(self, family: str) -> str:
+        return self.texts.get(family, self.edit_pattern)
 
     def record(self, evidence: Evidence) -> None:
         """Keep the most useful cases: the largest speedups, and recent distinct failures."""
@@ -198,19 +226,28 @@ class LocalNode:
             older = [e for e in self.evidence_negative if (e.status, e.task_signature) != key]
             self.evidence_negative = [evidence, *older][:EVIDENCE_BOUND]
 
-    def prompt_text(self) -> str:
+    def example(self, family: str = "") -> Evidence | None:
+        """The best positive case from a task of `family`, else the best of any."""
+        same = [e for e in self.evidence_positive if e.family == family]
+        found = same or self.evidence_positive
+        return found[0] if found else None
+
+    def prompt_text(self, family: str = "") -> str:
+        """The strategy for a prompt: its edit (for `family`), checks, where it worked
+        (the measured number; the code goes in the generation prompt whole) and failed."""
         lines = [
             f"### {self.name} ({self.id}){' [mechanical]' if self.mechanical else ''}",
-            f"Edit: {self.edit_pattern}",
+            f"Edit: {self.edit_for(family)}",
             f"Checks: {'; '.join(self.checks)}",
         ]
-        if self.evidence_positive:
-            best = self.evidence_positive[0]
+        best = self.example(family)
+        if best is not None:
             lines.append(f"Worked: {best.task_signature} {_fmt_speedup(best.speedup)}")
-            if best.code_excerpt:
-                lines.append(f"```\n{_clip(best.code_excerpt, 300)}\n```")
         for bad in self.evidence_negative[:2]:
-            lines.append(f"Warning: {bad.status} on {bad.task_signature} {_clip(bad.note, 120)}")
+            label = "No gain" if bad.status == "not_improved" else "Failed"
+            ratio = f" ({bad.speedup:.2f}x the best)" if bad.speedup else ""
+            note = f": {_clip(bad.note, 120)}" if bad.note else ""
+            lines.append(f"{label}: {bad.status}{ratio} on {bad.task_signature}{note}")
         return _clip("\n".join(lines), LOCAL_PROMPT_CHARS)
 
     def to_json(self) -> dict[str, Any]:
@@ -236,9 +273,13 @@ class Edge:
     risks: list[str] = field(default_factory=list)
     prior: float = 0.0
     stats: Stats = field(default_factory=Stats)
+    priors: dict[str, float] = field(default_factory=dict)  # per operator family
 
-    def utility(self, n0: float) -> float:
-        return self.stats.utility(self.prior, n0)
+    def prior_for(self, family: str) -> float:
+        return self.priors.get(family, self.prior)
+
+    def utility(self, n0: float, family: str = "") -> float:
+        return self.stats.utility(self.prior_for(family), n0)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -261,6 +302,7 @@ class Outcome:
     runtime_ms: float | None
     reward: float
     code_excerpt: str = ""
+    note: str = ""  # what happened, for the evidence (error excerpt, max error, duel)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -290,6 +332,7 @@ class Outcome:
             runtime_ms=evidence.runtime_ms,
             reward=reward,
             code_excerpt=evidence.code_excerpt,
+            note=evidence.note,
         )
 
     def evidence(self) -> Evidence:
@@ -299,7 +342,7 @@ class Outcome:
             speedup=self.speedup,
             runtime_ms=self.runtime_ms,
             code_excerpt=_clip(self.code_excerpt, EXCERPT_CHARS),
-            note=f"reward {self.reward:+.2f}",
+            note=self.note,  # what happened; the reward is in the statistics
         )
 
     def update_stats(self, stats: Stats, w: float = 1.0) -> None:
@@ -407,6 +450,10 @@ def load_seed(backend: str) -> Graph:
             checks=list(lo.get("checks", [])),
             applicability=list(lo.get("applicability", [])),
             mechanical=lo.get("mechanical"),
+            families=list(lo.get("families", [])),
+            needs=list(lo.get("needs", [])),
+            forbids=list(lo.get("forbids", [])),
+            texts=dict(lo.get("texts", {})),
         )
         for lo in data["local"]
     }
@@ -418,6 +465,7 @@ def load_seed(backend: str) -> Graph:
             why=e.get("why", ""),
             risks=list(e.get("risks", [])),
             prior=float(e.get("prior", 0.0)),
+            priors={k: float(v) for k, v in e.get("priors", {}).items()},
         )
         for e in data["edge"]
     }

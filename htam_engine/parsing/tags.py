@@ -1,9 +1,11 @@
 """Static feature tags (docs/ARCHITECTURE.md vocabulary, `vocabulary.FEATURE_TAGS`) of
-CUDA, C++ (CPU) and Triton kernels."""
+CUDA, C++ (CPU) and Triton kernels, read off the syntax tree: a word in a comment or a
+string is no feature."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 from tree_sitter import Node
 
@@ -67,26 +69,64 @@ def _block_sizes(root: Node, known: dict[str, str]) -> list[int]:
     return sizes
 
 
-CUDA_PATTERNS = {
-    "shared_memory": r"__shared__",
-    "vectorized_loads": r"\b(float[24]|int[24]|half2|__half2|double2)\b",
-    "pragma_unroll": r"#pragma\s+unroll",
-    "atomics": r"\batomic[A-Z]\w*\s*\(",
-    "warp_shuffle": r"__shfl\w*",
-    "syncthreads": r"__syncthreads\s*\(",
-    "tensor_cores": r"\b(wmma::|mma\.sync|__hmma)|\bmma_sync\b",
-    "half_precision": r"\b(half2?|__half2?|__nv_bfloat16|c10::Half|at::Half)\b",
-}
+@dataclass
+class _Tokens:
+    """What the syntax trees of some C++/CUDA sources hold, outside comments and strings:
+    pragma texts, called names, type names and qualifiers, namespaces, attributes."""
+
+    pragmas: list[str] = field(default_factory=list)
+    calls: set[str] = field(default_factory=set)
+    types: set[str] = field(default_factory=set)
+    namespaces: set[str] = field(default_factory=set)
+    attributes: list[str] = field(default_factory=list)
+
+    def called(self, pattern: str) -> bool:
+        return any(re.match(pattern, name) for name in self.calls)
+
+    def pragma(self, pattern: str) -> bool:
+        return any(re.match(pattern, p) for p in self.pragmas)
+
+
+def _tokens(roots: list[Node]) -> _Tokens:
+    found = _Tokens()
+    for node in (n for root in roots for n in walk(root)):
+        if node.type == "preproc_call" and text(node.child_by_field_name("directive")) == "#pragma":
+            found.pragmas.append(" ".join(text(node.child_by_field_name("argument")).split()))
+        elif node.type == "call_expression":
+            found.calls.add(text(node.child_by_field_name("function")).rsplit("::", 1)[-1])
+        elif node.type in ("type_identifier", "type_qualifier", "primitive_type"):
+            found.types.add(text(node))
+        elif node.type == "namespace_identifier":
+            found.namespaces.add(text(node))
+        elif node.type == "attribute_specifier":
+            found.attributes.append(text(node))
+    return found
+
+
+VECTOR_TYPES = {"float2", "float4", "int2", "int4", "half2", "__half2", "double2"}
+HALF_TYPES = {"half", "half2", "__half", "__half2", "__nv_bfloat16", "__nv_bfloat162"}
+WARP_CALLS = r"__(shfl\w*|ballot_sync|any_sync|all_sync|reduce_\w+_sync|match_\w+_sync|activemask)$"
+X86_VECTORS = r"__m(64|128|256|512)[di]?(h)?$"
+INTRINSIC_CALLS = r"(_mm(256|512)?_\w+|__builtin_ia32_\w+|v\w+q_[fsu]\d+)$"
 
 
 def _cuda_tags(texts: list[str], flags: list[str] | None) -> set[str]:
-    joined = "\n".join(texts)
     roots = [parse(t, "cuda").root_node for t in texts]
+    found = _tokens(roots)
     known = {k: v for root in roots for k, v in constants(root).items()}
     kernels_ = [fn for root in roots for fn in functions(root) if is_global(fn)]
-    tags = {tag for tag, pattern in CUDA_PATTERNS.items() if re.search(pattern, joined)}
-    tags.add("shared_memory" if "shared_memory" in tags else "no_shared_memory")
-    tags.add("vectorized_loads" if "vectorized_loads" in tags else "scalar_loads")
+    asm = "\n".join(text(n) for root in roots for n in walk(root) if n.type == "gnu_asm_expression")
+    tags = {"shared_memory" if "__shared__" in found.types else "no_shared_memory"}
+    tags.add("vectorized_loads" if VECTOR_TYPES & found.types else "scalar_loads")
+    warp = {name for name in found.calls if re.match(WARP_CALLS, name)}
+    tags |= {"warp_primitives"} if warp or "cooperative_groups" in found.namespaces else set()
+    tags |= {"warp_shuffle"} if any(name.startswith("__shfl") for name in warp) else set()
+    tags |= {"pragma_unroll"} if found.pragma(r"unroll\b") else set()
+    tags |= {"atomics"} if found.called(r"atomic[A-Z]\w*$") else set()
+    tags |= {"syncthreads"} if "__syncthreads" in found.calls else set()
+    mma = "wmma" in found.namespaces or found.called(r"mma_sync$") or "mma.sync" in asm
+    tags |= {"tensor_cores"} if mma else set()
+    tags |= {"half_precision"} if HALF_TYPES & found.types else set()
     striding = any("gridDim" in text(loop) for fn in kernels_ for loop in loops(fn))
     tags.add("grid_stride" if striding else "no_grid_stride")
     bounded = bool(kernels_) and all(
@@ -94,6 +134,8 @@ def _cuda_tags(texts: list[str], flags: list[str] | None) -> set[str]:
     )
     tags.add("launch_bounds" if bounded else "no_launch_bounds")
     tags |= _restrict_tag(kernels_) | _loop_tags(kernels_, known)
+    if any(is_blocked(loop) for fn in kernels_ for loop in loops(fn)):
+        tags.add("blocked_loops")
     if len(kernels_) > 1:
         tags.add("multiple_kernels")
     sizes = [s for root in roots for s in _block_sizes(root, known)]
@@ -107,13 +149,24 @@ def _cuda_tags(texts: list[str], flags: list[str] | None) -> set[str]:
 
 
 def _cpu_tags(texts: list[str], flags: list[str] | None) -> set[str]:
-    joined = "\n".join(texts)
     roots = [parse(t, "cpp").root_node for t in texts]
+    found = _tokens(roots)
     known = {k: v for root in roots for k, v in constants(root).items()}
     fns = [fn for root in roots for fn in functions(root)]
-    tags = {"openmp" if re.search(r"#pragma\s+omp\s+(parallel|for)", joined) else "no_openmp"}
-    simd = re.search(r"#pragma\s+(omp\s+(parallel\s+for\s+)?simd|GCC\s+ivdep)", joined)
-    tags.add("simd_pragma" if simd else "no_simd")
+    threads = found.pragma(r"omp (parallel|for)\b")
+    tags = {"openmp" if threads else "no_openmp"}
+    simd = found.pragma(r"omp (parallel for |for )?simd\b|GCC ivdep\b")
+    vectors = any(re.match(X86_VECTORS, t) for t in found.types) or any(
+        "vector_size" in a for a in found.attributes
+    )
+    intrinsics = found.called(INTRINSIC_CALLS)
+    tags |= {"simd_pragma"} if simd else set()
+    tags |= {"vector_types"} if vectors else set()
+    tags |= {"intrinsics"} if intrinsics else set()
+    if not (simd or vectors or intrinsics):
+        tags.add("no_simd")
+    if found.called(r"(__builtin_prefetch|_mm_prefetch)$"):
+        tags.add("prefetch")
     tags |= _restrict_tag(fns) | _loop_tags(fns, known)
     if any(is_blocked(loop) for fn in fns for loop in loops(fn)):
         tags.add("blocked_loops")
@@ -121,6 +174,8 @@ def _cpu_tags(texts: list[str], flags: list[str] | None) -> set[str]:
         tags.add("opt_O3" if {"-O3", "-Ofast"} & set(flags) else "low_opt")
         if "-march=native" in flags:
             tags.add("march_native")
+        if {"-ffast-math", "-Ofast"} & set(flags):
+            tags.add("fast_math")
     return tags
 
 

@@ -8,20 +8,26 @@ from htam_engine.policy.global_select import (
     PolicyConfig,
     PrefixWeight,
     make_prefix,
+    predicts_no_gain,
     prefix_weights,
     select_global,
     softmax,
 )
 from htam_engine.policy.local_select import (
+    STOP,
     EvidenceLocalSelector,
     LocalDecision,
     LocalSelector,
     NoApplicableStrategy,
+    unfit,
 )
 from htam_engine.policy.reward import reward
 
 __all__ = [
     "MODES",
+    "STOP",
+    "predicts_no_gain",
+    "unfit",
     "NoApplicableStrategy",
     "Candidate",
     "EdgeTerm",

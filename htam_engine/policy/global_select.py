@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from htam_engine.memory.model import START, Graph, LocalNode, Stats
+from htam_engine.policy.local_select import NoApplicableStrategy
 from htam_engine.state import PathEntry, State
 from htam_engine.vocabulary import STATUS_TABLE
 
@@ -152,13 +153,18 @@ def select_global(
     config: PolicyConfig,
     rng: random.Random,
 ) -> GlobalDecision:
-    """Score every direction (or every local strategy in flat mode) and sample one."""
+    """Score every direction with a strategy that fits the state's kernel (or every such
+    strategy in flat mode) and sample one."""
     weights = prefix_weights(prefix, state, config.lam)
     tags = state.tags()
+    fitting = [node for node in graph.locals.values() if node.fits(state.family, tags) is None]
+    if not fitting:
+        raise NoApplicableStrategy(f"no strategy fits this {state.family} kernel")
     if config.mode == "flat":
-        candidates = [_local_candidate(node, graph, tags, config) for node in graph.locals.values()]
+        candidates = [_local_candidate(node, graph, tags, config) for node in fitting]
     else:
-        candidates = [_global_candidate(gid, graph, weights, tags, config) for gid in graph.globals]
+        directions = [gid for gid in graph.globals if gid in {n.parent for n in fitting}]
+        candidates = [_global_candidate(gid, graph, weights, state, config) for gid in directions]
     if config.mode == "random":
         probabilities = [1.0 / len(candidates)] * len(candidates)
     else:
@@ -189,14 +195,16 @@ def _sample(candidates: list[Candidate], draw: float) -> Candidate:
 
 
 def _global_candidate(
-    gid: str, graph: Graph, weights: list[PrefixWeight], tags: set[str], config: PolicyConfig
+    gid: str, graph: Graph, weights: list[PrefixWeight], state: State, config: PolicyConfig
 ) -> Candidate:
-    node = graph.globals[gid]
+    """A direction scored by its edges from the prefix (their priors for the state's
+    operator family), its own utility and its triggers."""
+    node, tags = graph.globals[gid], state.tags()
     terms = []
     if config.mode != "no_transitions":
         for w in weights:
             edge = graph.edges.get((w.source, gid))
-            stats, prior = (edge.stats, edge.prior) if edge else (Stats(), 0.0)
+            stats, prior = (edge.stats, edge.prior_for(state.family)) if edge else (Stats(), 0.0)
             utility = stats.utility(prior, config.n0)
             terms.append(
                 EdgeTerm(
@@ -248,3 +256,18 @@ def _local_candidate(
         trigger,
         score,
     )
+
+
+CONVERGED_AFTER = 3  # steps without a kept improvement before the memory may call it
+
+
+def predicts_no_gain(decision: GlobalDecision, state: State) -> bool:
+    """The memory expects nothing more: the last `CONVERGED_AFTER` steps kept nothing and
+    no direction's learned utility (edges and node, triggers aside) is positive."""
+    recent = state.path[-CONVERGED_AFTER:]
+    if len(recent) < CONVERGED_AFTER or any(p.status == "improved" for p in recent):
+        return False
+    learned = [
+        sum(t.contribution for t in c.edge_terms) + c.node_utility for c in decision.candidates
+    ]
+    return max(learned, default=0.0) <= 0.0

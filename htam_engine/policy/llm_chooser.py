@@ -8,6 +8,7 @@ policy (as the language server does) never loads the LLM SDKs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from htam_engine.llm import LLMError, Provider, local_selection_prompt
 from htam_engine.llm.structured import choice_schema, parse_choice
 from htam_engine.memory.model import Graph
-from htam_engine.policy.local_select import EvidenceLocalSelector, LocalDecision
+from htam_engine.policy.local_select import STOP, EvidenceLocalSelector, LocalDecision
 from htam_engine.state import State
 
 
@@ -33,7 +34,8 @@ class ChoiceRecord:
 
 
 class LLMLocalSelector:
-    """Shows the LLM the state, the chosen direction and its runnable strategies only."""
+    """Shows the LLM the state, the chosen direction and its runnable strategies only
+    (those that fit the kernel); after the first step it may also answer `stop`."""
 
     def __init__(self, provider: Provider, fallback: EvidenceLocalSelector | None = None) -> None:
         self.provider = provider
@@ -44,26 +46,31 @@ class LLMLocalSelector:
         self, graph: Graph, global_id: str, state: State, applicable: Mapping[str, str | None]
     ) -> LocalDecision:
         ranked = self.fallback.choose(graph, global_id, state, applicable)
-        runnable = [lid for lid, _, _ in ranked.ranking if applicable.get(lid) is None]
+        runnable = [lid for lid, score, _ in ranked.ranking if score != -math.inf]
+        may_stop = bool(state.path)  # once there is a result to keep
         system, prompt = local_selection_prompt(
             state.describe(),
             graph.globals[global_id].prompt_text(),
-            [(lid, graph.locals[lid].prompt_text()) for lid in runnable],
+            [(lid, graph.locals[lid].prompt_text(state.family)) for lid in runnable],
+            may_stop=may_stop,
         )
+        answers = [*runnable, STOP] if may_stop else runnable
         try:
             completion = self.provider.complete(
-                system, prompt, purpose="local", schema=choice_schema(runnable)
+                system, prompt, purpose="local", schema=choice_schema(answers)
             )
         except LLMError as error:
             self.last = ChoiceRecord("none", False, f"LLM unavailable ({error})")
             return _fallback(ranked, self.last.detail)
-        choice = parse_choice(completion.text, runnable, completion.form)
+        choice = parse_choice(completion.text, answers, completion.form)
         if choice is None:
             cut = " (cut off at max_tokens)" if completion.truncated else ""
             detail = f"LLM answer ({completion.form}{cut}) named no runnable strategy"
             self.last = ChoiceRecord(completion.form, False, detail)
             return _fallback(ranked, detail)
         self.last = ChoiceRecord(completion.form, True, f"chose {choice.local_id}")
+        if choice.local_id == STOP:
+            return LocalDecision(STOP, choice.reason or "no strategy left worth a step")
         reason = choice.reason or "chosen by the LLM"
         return LocalDecision(choice.local_id, f"{reason} [LLM, {choice.form}]", ranked.ranking)
 

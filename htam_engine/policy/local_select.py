@@ -29,6 +29,14 @@ class LocalDecision:
         }
 
 
+STOP = "stop"  # the answer that ends the run and keeps the best (`LLMLocalSelector`)
+
+
+def unfit(node: LocalNode, state: State) -> str | None:
+    """Why `node` does not fit the state's kernel by its own declarations, or None."""
+    return node.fits(state.family, state.tags())
+
+
 class NoApplicableStrategy(LookupError):
     """Every strategy under the chosen direction is blocked for the current code."""
 
@@ -52,19 +60,21 @@ class EvidenceLocalSelector:
         self, graph: Graph, global_id: str, state: State, applicable: Mapping[str, str | None]
     ) -> LocalDecision:
         tags = state.tags()
-        scored = [self._score(node, state, tags) for node in graph.locals_of(global_id)]
-        usable = [(lid, score, why) for lid, score, why in scored if applicable.get(lid) is None]
+        nodes = graph.locals_of(global_id)
+        why_not = {n.id: applicable.get(n.id) or unfit(n, state) for n in nodes}
+        scored = [self._score(node, state, tags) for node in nodes]
+        usable = [(lid, score, why) for lid, score, why in scored if why_not[lid] is None]
         blocked = [
-            (lid, -math.inf, f"not applicable: {applicable[lid]}")
+            (lid, -math.inf, f"not applicable: {why_not[lid]}")
             for lid, _, _ in scored
-            if applicable.get(lid) is not None
+            if why_not[lid] is not None
         ]
         # Mechanical (deterministic, cheap) strategies first only among equal scores: as a
         # score bonus it outweighed every learned utility (benchmarks/README.md, simulation).
         usable.sort(key=lambda item: (-item[1], not graph.locals[item[0]].mechanical, item[0]))
         ranking = usable + sorted(blocked)
         if not usable:
-            reasons = "; ".join(f"{lid}: {applicable[lid]}" for lid, _, _ in scored)
+            reasons = "; ".join(f"{lid}: {why_not[lid]}" for lid, _, _ in scored)
             raise NoApplicableStrategy(f"no applicable strategy under {global_id} ({reasons})")
         best_id, _, why = usable[0]
         return LocalDecision(best_id, f"{graph.locals[best_id].name}: {why}", ranking)

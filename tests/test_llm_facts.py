@@ -1,0 +1,113 @@
+"""The facts block every generation prompt carries, and the one feedback vocabulary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from htam_engine import machine
+from htam_engine.evaluate import Check, Duel, ErrorKind, EvalError, Verdict
+from htam_engine.events import Step
+from htam_engine.llm import facts, generation_prompt, translation_prompt
+from htam_engine.llm.prompts import BUDGET
+from htam_engine.llm.tokens import count_tokens
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+LINEAR = (EXAMPLES / "linear_relu" / "reference.py").read_text()
+KERNELBENCH = Path(__file__).parent / "fixtures" / "kernelbench"
+
+
+def verdict(ms: float, ref_ms: float = 1.0) -> Verdict:
+    return Verdict(compiled=True, correct=True, runtime_ms=ms, ref_runtime_ms=ref_ms,
+                   speedup=ref_ms / ms, converged=True)  # fmt: skip
+
+
+def test_the_machine_is_read_from_this_host() -> None:
+    found = machine.cpu_facts()
+    assert set(found.isa) <= set(machine.ISA_FLAGS)
+    assert found.cores >= 1 and found.cpu
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[-1].split("\n", 1)[0].split()
+    assert [f for f in machine.ISA_FLAGS if f in flags] == found.isa
+    if machine.CPU_CACHES.is_dir():
+        assert any(c.startswith("L1d ") for c in found.caches)
+
+
+def test_the_facts_block_states_what_an_engineer_asks_first() -> None:
+    text = facts.facts_block(backend="cpu", threads=1, reference=LINEAR,
+                             start=verdict(4.0), best=verdict(2.0), best_step=2)  # fmt: skip
+    found = machine.cpu_facts()
+    assert found.cpu in text and f"{found.cores} cores" in text
+    assert all(flag in text for flag in found.isa)
+    assert "1 thread(s)" in text and "OpenMP or other threads buy nothing" in text
+    assert "atol = rtol = 1e-4" in text and "float64" in text
+    assert "`cheating`" in text and "`not_custom_kernel`" in text
+    assert "x0: float32[128, 1024]" in text
+    assert "weight (1024, 1024) = (out_features, in_features)" in text
+    assert "torch.manual_seed(S)" in text
+    assert "PyTorch reference: 1 ms; starting implementation: 4 ms (0.25x over PyTorch)" in text
+    assert "Best kept (step 2, the code shown below): 2 ms (0.50x over PyTorch)" in text
+    assert count_tokens(text) <= BUDGET["facts"]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "shape"),
+    [
+        ("level1/19_ReLU.py", "x0: float32[16, 1024]"),
+        ("level2/1_Conv2D_ReLU_BiasAdd.py", "x0: float32[2, 3, 16, 16]"),
+    ],
+)
+def test_shapes_are_read_statically_from_kernelbench_problems(fixture: str, shape: str) -> None:
+    text = facts.task_text((KERNELBENCH / fixture).read_text())
+    assert shape in text
+
+
+def test_the_tolerance_table_is_the_evaluators() -> None:
+    torch = pytest.importorskip("torch")
+    from htam_engine.evaluate import common
+
+    for name, tol in facts.TOLERANCES.items():
+        assert common.tolerance(getattr(torch, name)) == tol
+
+
+def step(number: int, status: str, v: Verdict, **kw: object) -> Step:
+    return Step(number, "vectorization", "omp_simd", "r", status, 0.0,  # type: ignore[arg-type]
+                kw.pop("speedup", None), verdict=v, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_a_step_faster_than_the_start_but_refused_is_never_called_slower() -> None:
+    refused = step(2, "not_improved", verdict(1.2), speedup=8.46,
+                   versus_best=Duel(1.08, 0.96, 1.21, False, 1))  # fmt: skip
+    line = facts.step_line(refused)
+    assert "8.46x over the start" in line
+    assert "1.08x over the best in pairs, 95 % 0.96-1.21: not kept" in line
+    assert "0.83x over PyTorch" in line and "slower" not in line
+    kept = step(3, "improved", verdict(1.0), speedup=10.0,
+                versus_best=Duel(1.2, 1.1, 1.3, True, 1))  # fmt: skip
+    assert "kept as the new best" in facts.step_line(kept)
+
+
+def test_failures_say_why_with_the_compiler_excerpt_and_the_max_error() -> None:
+    broken = Verdict(error=EvalError(ErrorKind.COMPILE_ERROR, "build failed",
+                                     "k.cpp:3: error: '__m512' was not declared"))  # fmt: skip
+    wrong = Verdict(compiled=True, checks=[Check("outputs", False, "3/10 values off by more "
+                    "than atol=rtol=0.0001; worst at (0, 1): got 2, expected 1")])  # fmt: skip
+    attempts = facts.attempts_text([step(1, "compile_error", broken), step(2, "incorrect", wrong)])
+    first, second = attempts.splitlines()
+    assert first.startswith("- step 2") and "worst at (0, 1): got 2, expected 1" in first
+    assert "'__m512' was not declared" in second
+    assert facts.failure_note(wrong).startswith("outputs: 3/10 values off")
+
+
+def test_every_generation_prompt_carries_the_facts_and_whole_examples() -> None:
+    block = facts.facts_block(backend="cpu", threads=1, reference=LINEAR)
+    example = 'extern "C" void f() {}\n' + "// line\n" * 50 + "// THE END"
+    system, prompt = generation_prompt(LINEAR, "code", "none", "### s", example, [], "python",
+                                       facts=block)  # fmt: skip
+    assert "## Facts" in prompt and "1 thread(s)" in prompt and "THE END" in prompt
+    assert "one thread" in system and "OpenMP" in system
+    huge = example * 200  # over the example's budget: left out, never cut
+    _, cut = generation_prompt(LINEAR, "code", "none", "### s", huge, [], "python", facts=block)
+    assert "THE END" not in cut and "worked" not in cut
+    translate_system, translate = translation_prompt(LINEAR, "cpu", block)
+    assert "## Facts" in translate and "above all be correct" in translate_system
