@@ -441,7 +441,7 @@ class Optimizer:
         )
 
     def _settle(
-        self, step: int, candidate: str, g: str, local_id: str, verdict: Verdict
+        self, step: int, candidate: str, g: str, local_id: str, verdict: Verdict | None = None
     ) -> tuple[Status, float | None, Duel]:
         """An apparent win, timed in pairs against the best so far unless the reference
         ratios already decide it (`_by_ratios`): improved only when the
@@ -450,7 +450,8 @@ class Optimizer:
         MAX_DUELS runs in all, pooled (`pooled_interval`): most of a duel's interval is
         the spread between runs, which no run's own pairs narrow."""
         margin = self.config.improve_margin
-        if (decided := self._by_ratios(verdict, self.best_verdict)) is not None:
+        decided = self._by_ratios(verdict, self.best_verdict) if verdict else None
+        if decided is not None:
             return Status.IMPROVED, decided.speedup, decided
         self._phase(step, "confirm", g, local_id)
         duels: list[Verdict] = []
