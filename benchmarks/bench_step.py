@@ -53,9 +53,13 @@ def run_loop(checkout: Path, example: str, steps: int) -> dict[str, Any]:
     command += ["--output", str(Path(env["HTAM_HOME"]) / "out")]
     start = time.monotonic()
     seen: list[tuple[float, dict[str, Any]]] = []
-    with subprocess.Popen(
-        command, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    ) as process:
+    log = Path(env["HTAM_HOME"]) / "stderr.log"
+    with (
+        log.open("w") as stderr,
+        subprocess.Popen(
+            command, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=stderr
+        ) as process,
+    ):
         assert process.stdout is not None
         for line in process.stdout:
             arrived = time.monotonic() - start
@@ -63,7 +67,9 @@ def run_loop(checkout: Path, example: str, steps: int) -> dict[str, Any]:
                 seen.append((arrived, json.loads(line)))
             except json.JSONDecodeError:
                 continue
-    return {"wall_s": time.monotonic() - start, "events": seen, "rc": process.returncode}
+    wall_s = time.monotonic() - start
+    error = log.read_text()[-600:] if process.returncode else ""
+    return {"wall_s": wall_s, "events": seen, "rc": process.returncode, "error": error}
 
 
 def breakdown(run: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +104,7 @@ def breakdown(run: dict[str, Any]) -> dict[str, Any]:
         "phases_s": phases,
         "statuses": statuses,
         "rc": run["rc"],
+        "error": run["error"],
     }
 
 

@@ -70,7 +70,7 @@ def test_a_duel_asked_about_a_margin_stops_once_it_is_decided(task_path: Path) -
     slower = _with_forward_prefix(NAIVE, "__import__('time').sleep(0.3)")
     verdict = compare(load_task(task_path), NAIVE, slower, device="cpu", decide=1.02)
     assert verdict.correct, verdict.error
-    assert verdict.converged and verdict.spread["decided_at"] == 1.02, (verdict.interval, verdict.spread)
+    assert verdict.converged and verdict.spread["decided_at"] == 1.02, verdict.interval
     assert verdict.interval is not None and verdict.interval.low > 1.02
 
 
