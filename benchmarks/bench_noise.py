@@ -19,6 +19,13 @@ only by its interval's width (as before the sequential rule), and stopped as soo
 interval lies wholly above or below M (`stats.settled`, the loop's question to a duel):
 the spread, the honesty and the pairs and seconds each way.
 
+`--simulate N` instead runs the two stopping rules (width only; width or decided at
+`--decide`, default 1.02) on N synthetic timings per true speedup, in this process, as
+the judge applies them (10 pairs at least, a look every 5, at most 100): each run's true
+speedup drifts from the long-run one by the run-to-run spread, its pairs share a
+machine state now and then 8x slower; reported per rule, the median pairs, how often the
+final interval holds the long-run speedup, and how often a decision was the wrong side.
+
 Then (unless `--skip-overhead`), in one process as the loop evaluates (this checkout
 only), the overhead per candidate with every judge started cold and with one started ahead
 (`standby.keep_warm`), the next candidate coming 0, 1 or 5 s after the evaluation
@@ -235,6 +242,55 @@ def cost(runs: list[dict[str, Any]]) -> str:
     return f"median {statistics.median(pairs):.0f} pairs, {statistics.median(seconds):.1f} s"
 
 
+SIMULATED = (1.0, 1.03, 1.1, 2.0)  # long-run speedups, around and away from the margin
+
+
+def simulate(reps: int, margin: float, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Both stopping rules on the same synthetic runs (see the docstring)."""
+    import math
+    import random
+
+    from htam_engine import stats
+    from htam_engine.evaluate.runner import RUN_TO_RUN_CV, TARGET_HALF_WIDTH
+
+    cv, target = RUN_TO_RUN_CV["cpu"], TARGET_HALF_WIDTH["cpu"]
+    rng = random.Random(seed)
+    out: dict[str, dict[str, Any]] = {}
+    for true in SIMULATED:
+        seen: dict[str, dict[str, list[float]]] = {
+            rule: {"pairs": [], "holds": [], "wrong": []} for rule in ("width", "decided")
+        }
+        for _ in range(reps):
+            run_speedup = true * rng.lognormvariate(0, math.log1p(cv))
+            ref, cand = [], []
+            for _ in range(100):
+                load = rng.choice([1.0, 1.0, 1.0, 8.0])
+                ref.append(1e-3 * load * rng.lognormvariate(0, 0.15))
+                cand.append(1e-3 / run_speedup * load * rng.lognormvariate(0, 0.15))
+            for rule, threshold in (("width", None), ("decided", margin)):
+                n = 10
+                while n < 100:
+                    interval = stats.paired_speedup(ref[:n], cand[:n], resamples=500)
+                    if stats.settled(interval, target, threshold, cv):
+                        break
+                    n += 5
+                final = stats.paired_speedup(ref[:n], cand[:n]).with_run_to_run(cv)
+                seen[rule]["pairs"].append(n)
+                seen[rule]["holds"].append(float(final.low <= true <= final.high))
+                decided = stats.side(final, margin)
+                wrong = decided != 0 and (decided > 0) != (true >= margin)
+                seen[rule]["wrong"].append(float(wrong))
+        out[f"{true:g}x"] = {
+            rule: {
+                "median_pairs": statistics.median(v["pairs"]),
+                "interval_holds": statistics.fmean(v["holds"]),
+                "wrong_side": statistics.fmean(v["wrong"]),
+            }
+            for rule, v in seen.items()
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, help="an older checkout to compare against")
@@ -245,8 +301,20 @@ def main() -> None:
     parser.add_argument("--duel", help="also time --candidate in pairs against this one")
     parser.add_argument("--decide", type=float, help="duels also stopped at this question")
     parser.add_argument("--skip-overhead", action="store_true", help="no in-process overhead")
+    parser.add_argument("--simulate", type=int, help="only simulate the stopping rules, N runs")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.simulate:
+        simulated = simulate(args.simulate, args.decide or 1.02)
+        print("| long-run speedup | rule | median pairs | interval holds it | wrong side |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        for true, rules in simulated.items():
+            for rule, v in rules.items():
+                print(f"| {true} | {rule} | {v['median_pairs']:.0f} | {v['interval_holds']:.2f} "
+                      f"| {v['wrong_side']:.2f} |")  # fmt: skip
+        if args.out:
+            args.out.write_text(json.dumps(simulated, indent=1))
+        return
     checkouts: dict[str, Engine] = {"this checkout": (sys.executable, ROOT)}
     if args.baseline:
         if not args.baseline_python:
