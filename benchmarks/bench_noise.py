@@ -14,10 +14,20 @@ per-candidate overhead (the whole command's wall time less its timing phase).
 With `--duel OTHER`, the candidate is also timed in pairs against OTHER as the loop's duel
 against its best does (`compare`), `--runs` times idle and loaded: a duel's own spread
 between runs, and whether its interval (the run-to-run term included) holds the idle
-median.
+median. With `--decide M` as well, each duel is timed both ways, alternating: stopped
+only by its interval's width (as before the sequential rule), and stopped as soon as the
+interval lies wholly above or below M (`stats.settled`, the loop's question to a duel):
+the spread, the honesty and the pairs and seconds each way.
 
-Then, in one process as the loop evaluates (this checkout only), the overhead per
-candidate with every judge started cold and with one started ahead
+`--simulate N` instead runs the two stopping rules (width only; width or decided at
+`--decide`, default 1.02) on N synthetic timings per true speedup, in this process, as
+the judge applies them (10 pairs at least, a look every 5, at most 100): each run's true
+speedup drifts from the long-run one by the run-to-run spread, its pairs share a
+machine state now and then 8x slower; reported per rule, the median pairs, how often the
+final interval holds the long-run speedup, and how often a decision was the wrong side.
+
+Then (unless `--skip-overhead`), in one process as the loop evaluates (this checkout
+only), the overhead per candidate with every judge started cold and with one started ahead
 (`standby.keep_warm`), the next candidate coming 0, 1 or 5 s after the evaluation
 before, alternating: what an evaluation costs besides its timing.
 
@@ -106,20 +116,24 @@ def loaded(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         neighbour.join(5)
 
 
-def duel(candidate: str, incumbent: str) -> dict[str, Any]:
+def duel(candidate: str, incumbent: str, decide: float | None = None) -> dict[str, Any]:
     """One duel as the loop times it (`compare`, in this process): `candidate` in pairs
-    against `incumbent`, each verified against the candidate's reference."""
+    against `incumbent`, each verified against the candidate's reference; with `decide`,
+    timing stops once the interval lies wholly on one side of it."""
     from htam_engine.evaluate.runner import compare
     from htam_engine.task import load_task
 
     source, other = (ROOT / candidate).read_text(), (ROOT / incumbent).read_text()
-    verdict = compare(load_task(ROOT / candidate), source, other, device="cpu", use_cache=False)
-    interval = verdict.interval or {}
+    task = load_task(ROOT / candidate)
+    verdict = compare(task, source, other, device="cpu", use_cache=False, decide=decide)
+    interval = verdict.interval
     return {
         "speedup": verdict.speedup,
-        "low": interval.get("low"),
-        "high": interval.get("high"),
-        "within_run_half_width": interval.get("within_run_half_width"),
+        "low": interval.low if interval else None,
+        "high": interval.high if interval else None,
+        "pairs": interval.pairs if interval else None,
+        "within_run_half_width": verdict.within_run_half_width,
+        "time_s": verdict.phase_seconds.get("time"),
         "converged": verdict.converged,
         "error": verdict.error.message if verdict.error else None,
     }
@@ -203,15 +217,78 @@ def overhead_in_process(candidate: str, runs: int) -> dict[str, float]:
     return {mode: statistics.median(values) for mode, values in seen.items()}
 
 
-def duel_runs(candidate: str, incumbent: str, runs: int) -> dict[str, list[dict[str, Any]]]:
+def duel_runs(
+    candidate: str, incumbent: str, runs: int, decide: float | None = None
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """`runs` duels idle and `runs` loaded, alternating: a duel's own spread between
-    runs, and whether its interval holds the next run's (the idle median)."""
-    measure = functools.partial(duel, candidate, incumbent)
-    seen: dict[str, list[dict[str, Any]]] = {"idle": [], "loaded": []}
+    runs, and whether its interval holds the next run's (the idle median); with
+    `decide`, each also stopped at that question, alternating with the plain ones."""
+    ways = {"duel": None} if decide is None else {"duel": None, f"duel decided at {decide}": decide}
+    seen = {name: {"idle": [], "loaded": []} for name in ways}  # type: ignore[var-annotated]
     for _ in range(runs):
-        seen["idle"].append(measure())
-        seen["loaded"].append(loaded(measure))
+        for name, question in ways.items():
+            measure = functools.partial(duel, candidate, incumbent, question)
+            seen[name]["idle"].append(measure())
+            seen[name]["loaded"].append(loaded(measure))
     return seen
+
+
+def cost(runs: list[dict[str, Any]]) -> str:
+    """Median pairs and timing seconds of duels."""
+    pairs = [r["pairs"] for r in runs if r.get("pairs")]
+    seconds = [r["time_s"] for r in runs if r.get("time_s")]
+    if not pairs or not seconds:
+        return "no timing"
+    return f"median {statistics.median(pairs):.0f} pairs, {statistics.median(seconds):.1f} s"
+
+
+SIMULATED = (1.0, 1.03, 1.1, 2.0)  # long-run speedups, around and away from the margin
+
+
+def simulate(reps: int, margin: float, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Both stopping rules on the same synthetic runs (see the docstring)."""
+    import math
+    import random
+
+    from htam_engine import stats
+    from htam_engine.evaluate.runner import RUN_TO_RUN_CV, TARGET_HALF_WIDTH
+
+    cv, target = RUN_TO_RUN_CV["cpu"], TARGET_HALF_WIDTH["cpu"]
+    rng = random.Random(seed)
+    out: dict[str, dict[str, Any]] = {}
+    for true in SIMULATED:
+        seen: dict[str, dict[str, list[float]]] = {
+            rule: {"pairs": [], "holds": [], "wrong": []} for rule in ("width", "decided")
+        }
+        for _ in range(reps):
+            run_speedup = true * rng.lognormvariate(0, math.log1p(cv))
+            ref, cand = [], []
+            for _ in range(100):
+                load = rng.choice([1.0, 1.0, 1.0, 8.0])
+                ref.append(1e-3 * load * rng.lognormvariate(0, 0.15))
+                cand.append(1e-3 / run_speedup * load * rng.lognormvariate(0, 0.15))
+            for rule, threshold in (("width", None), ("decided", margin)):
+                n = 10
+                while n < 100:
+                    interval = stats.paired_speedup(ref[:n], cand[:n], resamples=500)
+                    if stats.settled(interval, target, threshold, cv):
+                        break
+                    n += 5
+                final = stats.paired_speedup(ref[:n], cand[:n]).with_run_to_run(cv)
+                seen[rule]["pairs"].append(n)
+                seen[rule]["holds"].append(float(final.low <= true <= final.high))
+                decided = stats.side(final, margin)
+                wrong = decided != 0 and (decided > 0) != (true >= margin)
+                seen[rule]["wrong"].append(float(wrong))
+        out[f"{true:g}x"] = {
+            rule: {
+                "median_pairs": statistics.median(v["pairs"]),
+                "interval_holds": statistics.fmean(v["holds"]),
+                "wrong_side": statistics.fmean(v["wrong"]),
+            }
+            for rule, v in seen.items()
+        }
+    return out
 
 
 def main() -> None:
@@ -222,8 +299,22 @@ def main() -> None:
     parser.add_argument("--task", default=TASK)
     parser.add_argument("--candidate", default=CANDIDATE)
     parser.add_argument("--duel", help="also time --candidate in pairs against this one")
+    parser.add_argument("--decide", type=float, help="duels also stopped at this question")
+    parser.add_argument("--skip-overhead", action="store_true", help="no in-process overhead")
+    parser.add_argument("--simulate", type=int, help="only simulate the stopping rules, N runs")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.simulate:
+        simulated = simulate(args.simulate, args.decide or 1.02)
+        print("| long-run speedup | rule | median pairs | interval holds it | wrong side |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        for true, rules in simulated.items():
+            for rule, v in rules.items():
+                print(f"| {true} | {rule} | {v['median_pairs']:.0f} | {v['interval_holds']:.2f} "
+                      f"| {v['wrong_side']:.2f} |")  # fmt: skip
+        if args.out:
+            args.out.write_text(json.dumps(simulated, indent=1))
+        return
     checkouts: dict[str, Engine] = {"this checkout": (sys.executable, ROOT)}
     if args.baseline:
         if not args.baseline_python:
@@ -243,16 +334,19 @@ def main() -> None:
     results = {name: summarise(r["idle"], r["loaded"]) for name, r in runs.items()}
     print(table(results))
     os.environ["HTAM_HOME"] = env["HTAM_HOME"]
-    duels = duel_runs(args.candidate, args.duel, args.runs) if args.duel else {}
-    if duels:
-        name = f"duel against {args.duel}"
-        results[name] = summarise(duels["idle"], duels["loaded"])
+    duels = duel_runs(args.candidate, args.duel, args.runs, args.decide) if args.duel else {}
+    for way, seen in duels.items():
+        name = f"{way} against {args.duel}"
+        results[name] = summarise(seen["idle"], seen["loaded"])
         print(table({name: results[name]}))
-    overhead = overhead_in_process(args.candidate, args.runs)  # its task: its own binding
-    print(
-        "\noverhead per candidate in one process (besides timing): "
-        + ", ".join(f"{mode} {seconds:.2f} s" for mode, seconds in overhead.items())
-    )
+        print(f"cost: {cost(seen['idle'])} idle, {cost(seen['loaded'])} loaded")
+    overhead: dict[str, float] = {}
+    if not args.skip_overhead:
+        overhead = overhead_in_process(args.candidate, args.runs)  # its task: its own binding
+        print(
+            "\noverhead per candidate in one process (besides timing): "
+            + ", ".join(f"{mode} {seconds:.2f} s" for mode, seconds in overhead.items())
+        )
     if args.out:
         data = {"task": args.task, "candidate": args.candidate, "cores": os.cpu_count()}
         data.update(results=results, runs=runs, overhead_in_process=overhead, duels=duels)

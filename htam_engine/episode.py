@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from htam_engine.memory.model import Graph, Outcome
 from htam_engine.policy import (
@@ -141,3 +142,21 @@ class Episode:
         )
         self.path.append(PathEntry(decision.global_id, decision.local_id, status))
         return outcome
+
+
+def recorded_step_seconds(trajectories: list[tuple[str, Any]], task: str) -> list[float]:
+    """The wall seconds of each recorded step of `task` (of any task when none is
+    recorded), from stored trajectories whose steps carry their phase times."""
+
+    def seconds(only: str | None) -> list[float]:
+        found: list[float] = []
+        for _key, run in trajectories:
+            if not isinstance(run, dict) or (only is not None and run.get("task") != only):
+                continue
+            for step in run.get("steps") or []:
+                phases = step.get("phases") if isinstance(step, dict) else None
+                if isinstance(phases, dict) and phases:
+                    found.append(sum(float(v) for v in phases.values()))
+        return found
+
+    return seconds(task) or seconds(None)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import json
+import statistics
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -37,7 +39,8 @@ class Start:
 @dataclass(frozen=True)
 class Phase:
     """A step (0: the starting implementation) entered a phase: select, generate, compile,
-    verify, time or update."""
+    verify, time, confirm (a duel) or update; `left_s`, the run's seconds left as
+    estimated from recorded phase times (None: nothing recorded yet)."""
 
     kind: ClassVar[str] = "phase"
     step: int
@@ -46,6 +49,7 @@ class Phase:
     global_id: str = ""
     local_id: str = ""
     time: float = 0.0
+    left_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Step:
     # the candidate timed in pairs against the best so far, which confirmed or refused
     # a win the reference ratios suggested (None: it had no such duel; `{}` on the wire)
     versus_best: Duel | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # wall seconds spent in each phase
 
     @property
     def compiled(self) -> bool:
@@ -119,6 +124,47 @@ class Failed:
 
 Event = Start | Phase | Step | Result | Failed
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Phase, Step, Result, Failed)}
+
+
+class PhaseClock:
+    """Wall seconds per phase, from one phase's start to the next's: `enter` a phase,
+    `lap` to take (and restart) the seconds counted since the last lap. From the steps
+    already counted (and `recorded` ones of earlier runs) it estimates a run's time left."""
+
+    def __init__(self, recorded: list[float] | None = None) -> None:
+        self.phase: str | None = None
+        self.since = time.monotonic()
+        self.counted: dict[str, float] = {}
+        self.step_s: list[float] = list(recorded or [])  # seconds per step, earliest first
+        self.lap_at = self.since
+
+    def enter(self, phase: str) -> None:
+        self._close()
+        self.phase = phase
+
+    def _close(self) -> None:
+        now = time.monotonic()
+        if self.phase is not None:
+            self.counted[self.phase] = self.counted.get(self.phase, 0.0) + now - self.since
+        self.since = now
+
+    def lap(self, step: bool = True) -> dict[str, float]:
+        """The seconds of each phase since the last lap; a `step` lap also counts
+        towards the per-step estimate."""
+        self._close()
+        counted, self.counted, self.phase = self.counted, {}, None
+        if step and counted:
+            self.step_s.append(time.monotonic() - self.lap_at)
+        self.lap_at = time.monotonic()
+        return {phase: round(seconds, 3) for phase, seconds in counted.items()}
+
+    def left_s(self, steps_left: int) -> float | None:
+        """The run's seconds left: `steps_left` steps (the current one included) at the
+        median recorded step time, less what the current step has already taken."""
+        if not self.step_s:
+            return None
+        typical = statistics.median(self.step_s[-9:])
+        return round(max(0.0, steps_left * typical - (time.monotonic() - self.lap_at)), 1)
 
 
 def to_json(event: Event) -> dict[str, Any]:

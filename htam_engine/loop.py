@@ -19,12 +19,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from htam_engine import events, implement, parsing
-from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
+from htam_engine import events, implement, parsing, stats
+from htam_engine.episode import (
+    IMPROVE_MARGIN,
+    Decision,
+    Episode,
+    recorded_step_seconds,
+    task_signature,
+)
 from htam_engine.evaluate import Duel, ErrorKind, Verdict, evaluate, standby
 from htam_engine.evaluate.cache import usable_as_baseline
 from htam_engine.evaluate.runner import compare, pooled_interval, timing_threads
-from htam_engine.events import Phase, Step
+from htam_engine.events import Phase, PhaseClock, Step
 from htam_engine.implement import Implemented
 from htam_engine.llm import LLMError, Provider, generation_prompt, translation_prompt
 from htam_engine.llm import facts as llm_facts
@@ -86,12 +92,15 @@ class RunResult:
     note: str = ""  # what the run's numbers can say (e.g. correctness only, not timed)
     best_ref_speedup: float | None = None
     start_ref_speedup: float | None = None
-    # the best timed in pairs against the start (`Optimizer._duel_start`): the estimate
-    # and its 95 % bounds
+    # the best timed in pairs against the start (`Optimizer._duel_start`), or its
+    # reference ratio to the start's where that alone decides it: the estimate and its
+    # 95 % bounds
     best_over_start: float | None = None
     best_interval: tuple[float, float] | None = None
     stopped: str = "completed"
     output_dir: str = ""
+    start_phases: dict[str, float] = field(default_factory=dict)  # measuring the start
+    closing_phases: dict[str, float] = field(default_factory=dict)  # the best vs the start
 
     @property
     def correct(self) -> bool:
@@ -125,6 +134,8 @@ class RunResult:
             "best_source": self.best_source,
             "translation": _step_json(self.translation) if self.translation else None,
             "steps": [_step_json(s) for s in self.steps],
+            "start_phases": self.start_phases,
+            "closing_phases": self.closing_phases,
         }
 
     def result_event(self) -> events.Result:
@@ -196,6 +207,8 @@ class Optimizer:
         self.failed: dict[str, Status | str] = dict.fromkeys(config.exclude, EXCLUDED)
         self.base: str | None = None  # a plateau candidate the next step starts from
         self.llm_failures = 0  # consecutive generations the LLM did not answer
+        self.best_verdict: Verdict | None = None  # the best's own timing, once usable
+        self.clock = PhaseClock(recorded_step_seconds(store.items(TRAJECTORIES), task.name))
 
     # -- the loop -------------------------------------------------------------------
 
@@ -212,6 +225,8 @@ class Optimizer:
         except RunStopped as stop:  # the translation's verdict said nothing about it
             self.result.stopped = str(stop)
             return self.result
+        finally:
+            self.result.start_phases = self.clock.lap()
         if start is None:
             return self.result
         self.result.start_verdict = start
@@ -221,6 +236,7 @@ class Optimizer:
             self.result.note = CORRECTNESS_ONLY
         if usable_as_baseline(start):
             self.result.start_ref_speedup = self.result.best_ref_speedup = start.speedup
+            self.best_verdict = start
         for step in range(1, self.config.steps + 1):
             if self.cancel.is_set():
                 self.result.stopped = "cancelled"
@@ -268,11 +284,13 @@ class Optimizer:
         else:
             status, speedup_vs_best = self._status(verdict)
             if status == Status.IMPROVED and self.result.best_ref_speedup is not None:
-                status, speedup_vs_best, versus_best = self._settle(step, candidate, g, local_id)
+                status, speedup_vs_best, versus_best = self._settle(
+                    step, candidate, g, local_id, verdict
+                )
                 if status == Status.NOT_IMPROVED and plateau_base(graph, g, versus_best):
                     self.base = candidate  # the best stays; the next step starts here
             if status == Status.IMPROVED:
-                self.result.best_ref_speedup = verdict.speedup
+                self.result.best_ref_speedup, self.best_verdict = verdict.speedup, verdict
                 self.result.best_over_start = self.result.best_interval = None
                 if versus_best and self.result.best_source == self.start_source:
                     self.result.best_over_start = versus_best.speedup
@@ -302,6 +320,7 @@ class Optimizer:
             note=made.note,
             llm=made.llm,
             versus_best=versus_best,
+            phases=self.clock.lap(),
         )
         self.emit(record)
         return record
@@ -480,6 +499,7 @@ class Optimizer:
         def on_phase(phase: str) -> None:
             self._phase(step, phase, g, local)
 
+        best = self.result.best_ref_speedup  # the question: does it clear the best?
         return evaluate(
             self.task,
             source,
@@ -487,21 +507,26 @@ class Optimizer:
             use_cache=use_cache and self.config.use_cache,
             cancel=self.cancel,
             on_phase=on_phase,
+            decide=best * self.config.improve_margin if best else None,
         )
 
     def _settle(
-        self, step: int, candidate: str, g: str, local_id: str
+        self, step: int, candidate: str, g: str, local_id: str, verdict: Verdict | None = None
     ) -> tuple[Status, float | None, Duel]:
-        """An apparent win, timed in pairs against the best so far: improved only when the
+        """An apparent win, timed in pairs against the best so far unless the reference
+        ratios already decide it (`_by_ratios`): improved only when the
         lower end of that interval clears the improve margin. A duel whose estimate clears
         the margin but whose interval does not is timed again in another run, up to
         MAX_DUELS runs in all, pooled (`pooled_interval`): most of a duel's interval is
         the spread between runs, which no run's own pairs narrow."""
-        self._phase(step, "confirm", g, local_id)
         margin = self.config.improve_margin
+        decided = self._by_ratios(verdict, self.best_verdict) if verdict else None
+        if decided is not None:
+            return Status.IMPROVED, decided.speedup, decided
+        self._phase(step, "confirm", g, local_id)
         duels: list[Verdict] = []
         while True:
-            duel = self._compare(candidate, self.result.best_source, run=len(duels))
+            duel = self._compare(candidate, self.result.best_source, run=len(duels), decide=margin)
             if not duel.correct or not duel.interval:
                 # it passed once: the candidate or the incumbent is flaky; only deception
                 # is the candidate's for certain
@@ -519,14 +544,32 @@ class Optimizer:
         summary = Duel.pooled(pooled, confirmed=confirmed, duels=len(duels))
         return Status.IMPROVED if confirmed else Status.NOT_IMPROVED, pooled.estimate, summary
 
-    def _compare(self, candidate: str, incumbent: str, run: int = 0) -> Verdict:
+    def _by_ratios(self, verdict: Verdict, best: Verdict | None) -> Duel | None:
+        """`verdict` over `best` from their own intervals over the reference (each widened
+        by the run-to-run spread), when that alone puts it above the improve margin: a
+        duel could only confirm it (None: not decided, no usable timing, or either one
+        noisy: a busy machine drifts between runs beyond the spread allowed for)."""
+        if best is None or not (usable_as_baseline(verdict) and usable_as_baseline(best)):
+            return None
+        if verdict.noisy or best.noisy:
+            return None
+        if verdict.interval is None or best.interval is None:
+            return None
+        over = stats.ratio(verdict.interval, best.interval)
+        if stats.side(over, self.config.improve_margin) <= 0:
+            return None
+        return Duel.pooled(over, confirmed=True, duels=0)
+
+    def _compare(
+        self, candidate: str, incumbent: str, run: int = 0, decide: float | None = None
+    ) -> Verdict:
         """The pair's `run`-th run timed together (each run is cached apart); a cached
         duel that is no baseline is timed again."""
 
         def duel(use_cache: bool) -> Verdict:
             device, cancel = self.config.device, self.cancel
             return compare(self.task, candidate, incumbent, device=device, cancel=cancel,
-                           use_cache=use_cache, run=run)  # fmt: skip
+                           use_cache=use_cache, run=run, decide=decide)  # fmt: skip
 
         verdict = duel(self.config.use_cache)
         if verdict.cached and not usable_as_baseline(verdict):
@@ -584,14 +627,27 @@ class Optimizer:
         done = self.result.best_step == 0 or self.result.best_over_start is not None
         if done or self.result.best_ref_speedup is None or self.cancel.is_set():
             return
+        if (decided := self._by_ratios_over_start()) is not None:  # no need to re-time it
+            self.result.best_over_start, self.result.best_interval = decided
+            return
         self._phase(self.config.steps, "confirm")
         duel = self._compare(self.result.best_source, self.start_source)
         if duel.correct and duel.interval:
             self.result.best_over_start = duel.speedup
             self.result.best_interval = (duel.interval.low, duel.interval.high)
+        self.result.closing_phases = self.clock.lap(step=False)
+
+    def _by_ratios_over_start(self) -> tuple[float, tuple[float, float]] | None:
+        start = self.result.start_verdict
+        decided = self._by_ratios(self.best_verdict, start) if self.best_verdict else None
+        if decided is None or decided.speedup is None or decided.bounds is None:
+            return None
+        return decided.speedup, decided.bounds
 
     def _phase(self, step: int, phase: str, g: str = "", local: str = "") -> None:
-        self.emit(Phase(step, self.config.steps, phase, g, local, time.time()))
+        self.clock.enter(phase)
+        left = self.clock.left_s(self.config.steps - step + 1)
+        self.emit(Phase(step, self.config.steps, phase, g, local, time.time(), left))
 
     def persist(self) -> None:
         self.store.put(TRAJECTORIES, self.result.run_id, self.result.to_json())

@@ -43,7 +43,30 @@ def markdown_report(result: RunResult) -> str:
             f"| {s.status} | {format_speedup(s.speedup)} | {format_duel(s.versus_best)} "
             f"| {format_interval(s.verdict)} | {shown} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *phase_lines(result)]) + "\n"
+
+
+PHASE_ORDER = ("select", "generate", "compile", "verify", "time", "confirm", "update")
+
+
+def phase_lines(result: RunResult) -> list[str]:
+    """Where the run's wall time went: seconds per phase of the start, each step and the
+    closing duel of the best against the start (a re-timed evaluation adds to its phases)."""
+    rows = [("start", result.start_phases)]
+    rows += [(str(s.step), s.phases) for s in result.steps]
+    rows += [("best vs start", result.closing_phases)]
+    rows = [(name, phases) for name, phases in rows if phases]
+    if not rows:
+        return []
+    names = [p for p in PHASE_ORDER if any(p in phases for _, phases in rows)]
+    names += sorted({p for _, phases in rows for p in phases} - set(names))
+    lines = ["", "## Where the time went (wall seconds)", ""]
+    lines += ["| step | " + " | ".join(names) + " | total |"]
+    lines += ["| --- |" + " ---: |" * (len(names) + 1)]
+    for name, phases in rows:
+        cells = [f"{phases[p]:.1f}" if p in phases else "-" for p in names]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {sum(phases.values()):.1f} |")
+    return lines
 
 
 def plot_speedups(result: RunResult, path: Path) -> None:
@@ -103,6 +126,8 @@ def format_duel(duel: Duel | None) -> str:
     if duel.speedup is None:
         return f"failed ({duel.error or 'no timing'})"
     text = format_bounded(duel.speedup, duel.bounds)
+    if duel.duels == 0:  # the reference ratios decided it: no duel was needed
+        return f"{text}, from the reference ratios"
     return text if duel.duels == 1 else f"{text}, {duel.duels} runs"
 
 

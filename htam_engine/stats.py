@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -55,6 +55,45 @@ class Interval:
         no `pairs`: 0)."""
         estimate, low, high = (float(data[k]) for k in ("estimate", "low", "high"))
         return cls(estimate, low, high, int(data.get("pairs", 0)))
+
+
+def side(interval: Interval, threshold: float | None) -> int:
+    """Which side of `threshold` the interval lies wholly on: 1 above (low >= threshold),
+    -1 below (high < threshold), 0 across it (or no threshold: nothing to decide)."""
+    if threshold is None:
+        return 0
+    if interval.low >= threshold:
+        return 1
+    return -1 if interval.high < threshold else 0
+
+
+def settled(interval: Interval, target: float, threshold: float | None, cv: float) -> bool:
+    """The sequential stopping rule of a timing: stop once the pairs' own interval is
+    narrow (`target`), or once that interval widened by the run-to-run spread `cv`
+    (what the next run could show) lies wholly above or below `threshold`, the margin
+    the question asks about (None: only narrowness stops it). Widening first keeps a
+    decision from resting on this run's luck; the decision is checked every few trials
+    (the caller's rhythm), which a 95 % interval tolerates at the sizes timed here."""
+    return interval.narrow(target) or side(interval.with_run_to_run(cv), threshold) != 0
+
+
+def job_settled(interval: Interval, job: Mapping[str, Any]) -> bool:
+    """`settled` with a judge's job: its `target_half_width`, `decide` (the threshold,
+    absent or None: none) and `run_to_run_cv`."""
+    cv = float(job.get("run_to_run_cv", 0.0))
+    return settled(interval, float(job["target_half_width"]), job.get("decide"), cv)
+
+
+def ratio(a: Interval, b: Interval) -> Interval:
+    """a's speedup over b's, both over the same reference from separate runs: the ratio
+    of estimates, each side's log-scale half-widths added in quadrature (independent
+    runs); `pairs` is the smaller count."""
+    below = math.hypot(math.log(a.estimate / a.low), math.log(b.high / b.estimate))
+    above = math.hypot(math.log(a.high / a.estimate), math.log(b.estimate / b.low))
+    centre = a.estimate / b.estimate
+    return Interval(
+        centre, centre * math.exp(-below), centre * math.exp(above), min(a.pairs, b.pairs)
+    )
 
 
 def pooled(runs: Sequence[tuple[float, float, int]], cv: float) -> Interval:

@@ -210,10 +210,20 @@ class Runs:
         self.ls.work_done_progress.begin(
             job.token,
             t.WorkDoneProgressBegin(
-                title=f"HTAM: {job.kernel}", cancellable=True, message="starting", percentage=0
+                title=f"HTAM: {job.kernel}",
+                cancellable=True,
+                message=self._first(job),
+                percentage=0,
             ),
         )
         return True
+
+    def _first(self, job: Job) -> str:
+        """The first word, sent at once: the phase and, from this kernel's recorded step
+        times, the time left (the start and each step at the median recorded step)."""
+        recorded = [sum(r.step.phases.values()) for r in self.ls.records.history(job.uri)]
+        left = events.PhaseClock([s for s in recorded if s > 0]).left_s(job.steps + 1)
+        return "measuring the starting code" + _left_text(left)
 
     def on_event(self, job: Job, event: events.Event, *, begun: Start) -> None:
         """One event of the worker: update the job, the records and the client."""
@@ -236,7 +246,7 @@ class Runs:
         job.step, job.phase = event.step, event.phase
         move = f"{event.global_id} -> {event.local_id}".strip(" ->")
         where = f"step {job.step}/{job.steps}" if job.step else "measuring the starting code"
-        job.message = f"{where}: {job.phase} {move}".strip()
+        job.message = f"{where}: {job.phase} {move}".strip() + _left_text(event.left_s)
         if job.token in self.ls.work_done_progress.tokens:
             done = PHASES.index(job.phase) if job.phase in PHASES else 0
             percentage = int(100 * (max(job.step - 1, 0) + done / len(PHASES)) / job.steps)
@@ -297,6 +307,10 @@ def _verdict(out: bytes) -> Verdict | None:
         return Verdict.from_json(data) if isinstance(data, dict) else None
     except (ValueError, TypeError, KeyError):
         return None
+
+
+def _left_text(left_s: float | None) -> str:
+    return "" if left_s is None else f" (about {left_s:.0f} s left)"
 
 
 def _kernel_ranges(doc: Document) -> list[tuple[int, int]]:

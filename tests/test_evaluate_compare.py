@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 
 from htam_engine.evaluate.runner import compare
+from htam_engine.evaluate.verdict import Verdict
+from htam_engine.loop import LoopConfig, Optimizer
+from htam_engine.memory import MemoryStore
+from htam_engine.stats import Interval
 from htam_engine.task import load_task
 
 pytestmark = pytest.mark.slow
@@ -57,3 +61,43 @@ def test_a_wrong_incumbent_is_no_standard_for_the_candidate(task_path: Path) -> 
     wrong = compare(task, zeros, zeros, device="cpu")
     assert not wrong.correct
     assert wrong.error is not None and wrong.error.kind == "incorrect"
+
+
+def test_a_duel_asked_about_a_margin_stops_once_it_is_decided(task_path: Path) -> None:
+    """Far above the margin asked about, the duel is decided (and so converged) with its
+    interval wholly above it; the question is recorded with the verdict. (The handicap
+    is large: a loaded machine's spread must not blur it.)"""
+    slower = _with_forward_prefix(NAIVE, "__import__('time').sleep(0.3)")
+    verdict = compare(load_task(task_path), NAIVE, slower, device="cpu", decide=1.02)
+    assert verdict.correct, verdict.error
+    assert verdict.converged and verdict.spread["decided_at"] == 1.02, verdict.interval
+    assert verdict.interval is not None and verdict.interval.low > 1.02
+
+
+def _timed(speedup: float, low: float, high: float, **flags: bool) -> Verdict:
+    return Verdict(
+        compiled=True,
+        correct=True,
+        runtime_ms=1.0,
+        speedup=speedup,
+        interval=Interval(speedup, low, high, 20),
+        sandbox="bwrap",
+        converged=True,
+        **flags,
+    )
+
+
+def test_a_win_the_reference_ratios_decide_needs_no_duel(task_path: Path) -> None:
+    """3x over the best on both sides' intervals: decided without timing a duel (0
+    duels); a candidate just over the margin, or any noisy timing, is left to a duel."""
+    with MemoryStore() as store:
+        loop = Optimizer(load_task(task_path), NAIVE, provider=None, store=store,
+                         config=LoopConfig(steps=1, device="cpu"))  # fmt: skip
+        best = _timed(0.2, 0.18, 0.22)
+        decided = loop._by_ratios(_timed(0.6, 0.55, 0.66), best)
+        assert decided is not None and decided.duels == 0 and decided.confirmed
+        assert decided.speedup == pytest.approx(3.0) and decided.low > 1.02  # type: ignore[operator]
+        assert loop._by_ratios(_timed(0.21, 0.19, 0.23), best) is None
+        assert loop._by_ratios(_timed(0.6, 0.55, 0.66, noisy=True), best) is None
+        assert loop._by_ratios(_timed(0.6, 0.55, 0.66, suspect=True), best) is None
+        assert loop._by_ratios(_timed(0.6, 0.55, 0.66), None) is None

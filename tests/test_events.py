@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ def test_every_kind_round_trips_through_its_wire_form() -> None:
     samples: list[events.Event] = [
         events.Start("softmax", 3, "offline", "no key", "cpu"),
         events.Phase(1, 3, "verify", "memory_access", "vectorized", 12.5),
+        events.Phase(0, 3, "compile", time=3.0, left_s=41.5),
         events.Step(
             2,
             "g",
@@ -33,6 +35,7 @@ def test_every_kind_round_trips_through_its_wire_form() -> None:
             Verdict(compiled=True, correct=True, speedup=2.0),
             "src",
             versus_best=Duel.pooled(Interval(1.1, 1.05, 1.15, 80), confirmed=True, duels=2),
+            phases={"select": 0.01, "compile": 3.2, "time": 2.5},
         ),
         events.Result("run", "softmax", True, 1.5, 0.4, 2, "completed", "out"),
         events.Failed("no such file", "user_error"),
@@ -41,7 +44,7 @@ def test_every_kind_round_trips_through_its_wire_form() -> None:
         wire = json.loads(events.to_line(event))
         assert wire["event"] == event.kind
         assert events.parse_line(events.to_line(event)) == event
-    step_wire = json.loads(events.to_line(samples[2]))
+    step_wire = json.loads(events.to_line(samples[3]))
     assert step_wire["global"] == "g" and step_wire["local"] == "l"
 
 
@@ -101,3 +104,41 @@ def test_a_user_error_still_keeps_the_stdout_contract(flag: str, tmp_path: Path)
         assert isinstance(last, events.Failed) and "missing.py" in last.message
     else:
         assert "missing.py" in json.loads(lines[0])["error"]["message"]
+
+
+def test_a_phase_clock_counts_each_phase_until_the_next() -> None:
+    clock = events.PhaseClock()
+    clock.enter("compile")
+    time.sleep(0.05)
+    clock.enter("time")
+    time.sleep(0.02)
+    clock.enter("compile")  # a re-timing adds to the phase it repeats
+    time.sleep(0.03)
+    laps = clock.lap()
+    assert set(laps) == {"compile", "time"}
+    assert laps["compile"] >= 0.08 and laps["time"] >= 0.02
+    assert clock.lap() == {}  # nothing since: an empty lap, and no step counted
+    assert len(clock.step_s) == 1 and clock.step_s[0] >= 0.1
+
+
+def test_time_left_comes_from_recorded_step_times() -> None:
+    assert events.PhaseClock().left_s(3) is None  # nothing recorded: no guess
+    clock = events.PhaseClock(recorded=[10.0, 30.0, 20.0])
+    left = clock.left_s(3)
+    assert left is not None and 59.0 <= left <= 60.0  # 3 steps at the median, 20 s
+    clock.enter("select")
+    clock.lap(step=False)  # a closing duel: not a step
+    assert clock.step_s == [10.0, 30.0, 20.0]
+
+
+def test_recorded_step_seconds_read_stored_trajectories() -> None:
+    from htam_engine.episode import recorded_step_seconds
+
+    runs = [
+        ("a", {"task": "softmax", "steps": [{"phases": {"compile": 3.0, "time": 2.0}}]}),
+        ("b", {"task": "gelu", "steps": [{"phases": {"compile": 9.0}}, {"status": "old"}]}),
+        ("c", "not a trajectory"),
+    ]
+    assert recorded_step_seconds(runs, "softmax") == [5.0]
+    assert recorded_step_seconds(runs, "matmul") == [5.0, 9.0]  # none of its own: any
+    assert recorded_step_seconds([], "softmax") == []

@@ -8,7 +8,16 @@ from dataclasses import replace
 
 import pytest
 
-from htam_engine.stats import Z95, Interval, paired_speedup, pooled
+from htam_engine.stats import (
+    Z95,
+    Interval,
+    job_settled,
+    paired_speedup,
+    pooled,
+    ratio,
+    settled,
+    side,
+)
 
 
 def noisy_pairs(speedup: float, n: int, noise: float, seed: int) -> tuple[list[float], list[float]]:
@@ -73,6 +82,8 @@ def test_a_duel_is_shown_with_its_runs_or_why_it_failed() -> None:
     once = Duel.pooled(Interval(1.05, 0.99, 1.11, 40), confirmed=False, duels=1)
     assert format_duel(once) == "1.05x (95 % 0.99-1.11)"
     assert format_duel(replace(once, duels=3)) == "1.05x (95 % 0.99-1.11), 3 runs"
+    by_ratios = replace(once, duels=0)
+    assert format_duel(by_ratios) == "1.05x (95 % 0.99-1.11), from the reference ratios"
     assert format_duel(Duel.failed(ErrorKind.CRASH)) == "failed (crash)"
     assert format_duel(Duel.failed(None)) == "failed (no timing)"
     assert format_duel(None) == "-"
@@ -128,3 +139,53 @@ def test_pooled_runs_cover_the_true_ratio_when_runs_differ_by_cv() -> None:
         interval = pooled(runs, cv)
         covered += interval.low <= 1.1 <= interval.high
     assert 0.92 <= covered / trials <= 0.99
+
+
+def test_side_says_where_an_interval_lies_against_a_threshold() -> None:
+    interval = Interval(1.5, 1.4, 1.6, 20)
+    assert side(interval, 1.2) == 1
+    assert side(interval, 1.7) == -1
+    assert side(interval, 1.5) == 0
+    assert side(interval, 1.4) == 1  # the lower end on the threshold clears it
+    assert side(interval, None) == 0
+
+
+def test_timing_stops_once_the_question_is_decided_not_only_when_narrow() -> None:
+    """A 3x candidate is decided against a 1.02x question long before its interval is
+    5 % wide; one at the margin is not, and narrowness alone still stops it."""
+    wide_far = paired_speedup(*noisy_pairs(3.0, 12, 0.3, seed=5))
+    assert not wide_far.narrow(0.05)
+    assert settled(wide_far, 0.05, 1.02, 0.045)
+    assert not settled(wide_far, 0.05, None, 0.045)  # no question: only narrowness
+    near = paired_speedup(*noisy_pairs(1.03, 12, 0.3, seed=6))
+    assert not settled(near, 0.05, 1.02, 0.045)
+    narrow = Interval(1.03, 1.02, 1.04, 40)
+    assert settled(narrow, 0.05, 1.02, 0.045)
+
+
+def test_the_decision_allows_for_the_run_to_run_spread() -> None:
+    """Wholly above the threshold within the run, but not once widened by what the next
+    run could show: not decided."""
+    interval = Interval(1.08, 1.06, 1.10, 40)
+    assert side(interval, 1.02) == 1
+    assert not settled(interval, 0.01, 1.02, 0.045)
+    assert settled(interval, 0.01, 1.02, 0.0)
+
+
+def test_a_judge_s_job_carries_the_rule() -> None:
+    interval = Interval(3.0, 2.5, 3.6, 12)
+    job = {"target_half_width": 0.05, "decide": 1.02, "run_to_run_cv": 0.045}
+    assert job_settled(interval, job)
+    assert not job_settled(interval, {**job, "decide": None})
+    assert not job_settled(interval, {"target_half_width": 0.05})  # an older caller
+
+
+def test_a_ratio_of_two_runs_intervals_adds_their_widths() -> None:
+    a, b = Interval(2.0, 1.8, 2.2, 30), Interval(1.0, 0.9, 1.1, 40)
+    over = ratio(a, b)
+    assert over.estimate == pytest.approx(2.0)
+    assert over.pairs == 30
+    below = math.hypot(math.log(2.0 / 1.8), math.log(1.1 / 1.0))
+    assert over.low == pytest.approx(2.0 * math.exp(-below))
+    assert over.low < a.low / b.estimate and over.high > a.high / b.estimate  # wider
+    assert ratio(b, b).low < 1.0 < ratio(b, b).high

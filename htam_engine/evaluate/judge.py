@@ -689,7 +689,7 @@ class Judge:
             return False
         reference, candidate, _ = samples(calls, trusted_marks=not self.compare)
         interval = stats.paired_speedup(reference, candidate, resamples=STOP_RESAMPLES)
-        return interval.narrow(self.job["target_half_width"])
+        return stats.job_settled(interval, self.job)  # narrow, or the question decided
 
     def _judge_timed(self, k: int, inputs: list[Any], got: dict[str, Outputs]) -> None:
         where = f"timed call {k + 1}"

@@ -80,10 +80,14 @@ def evaluate(
     on_phase: Callable[[str], None] | None = None,
     incumbent: str | None = None,
     run: int = 0,
+    decide: float | None = None,
 ) -> Verdict:
     """Compile, verify and time `candidate_source` against `task`'s reference (with
     `incumbent`, timed against that instead: `compare`). `run` n > 0 is the pair's
-    n-th separate run, cached apart from the others."""
+    n-th separate run, cached apart from the others. `decide`, the speedup the caller
+    compares the result with: timing stops as soon as the interval lies wholly above or
+    below it (`stats.settled`), and such a verdict is `converged` (the question is
+    decided); the cache answers whatever was asked (a timing is one measurement)."""
     limits = limits or Limits()
     resolved = machine.resolve_device(device, task.backend)
     mode = sandbox_mode()
@@ -102,6 +106,7 @@ def evaluate(
         cancel or threading.Event(),
         on_phase or (lambda _phase: None),
         incumbent,
+        decide,
     )
     # Written even when not read: a re-measurement replaces the verdict it re-measured.
     if verdict.error_kind not in _UNCACHED:
@@ -137,6 +142,7 @@ def _evaluate(
     cancel: threading.Event,
     on_phase: Callable[[str], None],
     incumbent: str | None = None,
+    decide: float | None = None,
 ) -> Verdict:
     verdict = Verdict(device=device, sandbox=sandbox_mode())
     verdict.allow_torch = list(task.allow_torch)
@@ -154,7 +160,7 @@ def _evaluate(
         chosen = [c for c in failed if _kind(c.name) == kind]
         _fail(verdict, kind, chosen, source, task.allow_torch)
         return verdict
-    return run_candidate(task, source, verdict, limits, cancel, on_phase, incumbent)
+    return run_candidate(task, source, verdict, limits, cancel, on_phase, incumbent, decide)
 
 
 def run_candidate(
@@ -165,6 +171,7 @@ def run_candidate(
     cancel: threading.Event,
     on_phase: Callable[[str], None],
     incumbent: str | None = None,
+    decide: float | None = None,
 ) -> Verdict:
     """Everything after the static checks: compile, verify and time in the sandbox (with
     `incumbent`, against it: `compare`). The trusted side must hold on its own when a
@@ -175,10 +182,10 @@ def run_candidate(
         return _compile_only(task, source, verdict, limits)
     on_phase("compile")
     with standby.judge_for(_ahead(task, verdict.device, limits), task.reference_source) as started:
-        _write_job(started, task, source, incumbent)
+        _write_job(started, task, source, incumbent, decide)
         started.judge.send(protocol.JOB)
         try:
-            _phases(started.judge, task, verdict, limits, cancel, on_phase)
+            _phases(started.judge, task, verdict, limits, cancel, on_phase, decide)
         except Stop as stop:
             _error(verdict, stop, source)
     return verdict
@@ -197,6 +204,7 @@ def _ahead(task: Task, device: str, limits: Limits) -> dict[str, Any]:
         "input_sets": limits.input_sets,
         "max_trials": MAX_TRIALS,
         "target_half_width": TARGET_HALF_WIDTH.get(device, 0.05),
+        "run_to_run_cv": RUN_TO_RUN_CV.get(device, 0.0),
         "compile_s": limits.compile_s,
         "verify_s": limits.verify_s,
         "time_s": limits.time_s,
@@ -283,7 +291,11 @@ def _compile_only(task: Task, source: str, verdict: Verdict, limits: Limits) -> 
 
 
 def _write_job(
-    started: standby.Started, task: Task, source: str, incumbent: str | None = None
+    started: standby.Started,
+    task: Task,
+    source: str,
+    incumbent: str | None = None,
+    decide: float | None = None,
 ) -> None:
     """The judge's job (outside any box) and each worker's box: the candidate's holds
     its file, the reference's the reference (or, comparing, the incumbent's file);
@@ -302,7 +314,7 @@ def _write_job(
     if incumbent is None:
         (started.jobdir / "reference" / "reference.py").write_text(task.reference_source)
         (started.jobdir / "reference" / "job.json").write_text(json.dumps(worker_job))
-    job = {**started.job, "compare": incumbent is not None}
+    job = {**started.job, "compare": incumbent is not None, "decide": decide}
     (started.jobdir / "job.json").write_text(json.dumps(job))
 
 
@@ -373,6 +385,7 @@ def _phases(
     limits: Limits,
     cancel: threading.Event,
     on_phase: Callable[[str], None],
+    decide: float | None = None,
 ) -> None:
     def answer(kind: type[protocol.M], limit_s: float, phase: str) -> protocol.M:
         return protocol.decode(judge.wait_for(kind.EVENT, limit_s, phase, cancel), kind)
@@ -407,7 +420,7 @@ def _phases(
     _record_timing(verdict, timed.ref, timed.cand)
     verdict.spread["harness_ms"] = timed.harness_ms
     verdict.spread.update(timed.accounting)  # what neighbours took (CPU)
-    _record_conditions(verdict, load_before, TARGET_HALF_WIDTH.get(verdict.device, 0.05))
+    _record_conditions(verdict, load_before, TARGET_HALF_WIDTH.get(verdict.device, 0.05), decide)
 
 
 def _cv(samples: list[float]) -> float:
@@ -431,17 +444,22 @@ def _record_timing(verdict: Verdict, ref: list[float], cand: list[float]) -> Non
     verdict.suspect = verdict.speedup > SUSPECT_SPEEDUP
 
 
-def _record_conditions(verdict: Verdict, load_before: float, target: float) -> None:
-    """How far the timing can be trusted: converged, and the machine's load around it."""
+def _record_conditions(
+    verdict: Verdict, load_before: float, target: float, decide: float | None = None
+) -> None:
+    """How far the timing can be trusted: converged (narrow, or the question at `decide`
+    decided: `spread["decided_at"]`), and the machine's load around it."""
     cores = len(os.sched_getaffinity(0))
     load = {"before": load_before, "after": os.getloadavg()[0], "cores": cores}
     if verdict.device == "cuda":
         load.update(gpu_clocks())
     verdict.load = load
     within = verdict.within_run_half_width
-    verdict.converged = (
-        within is not None and within <= target
-    )  # the pairs' own interval reached the target
+    narrow = within is not None and within <= target  # the pairs' own interval
+    decided = verdict.interval is not None and stats.side(verdict.interval, decide) != 0
+    if decided and decide is not None:
+        verdict.spread["decided_at"] = decide
+    verdict.converged = narrow or decided
     # No convergence, or more runnable work than cores besides this timing: noisy.
     verdict.noisy = not verdict.converged or max(load["before"], load["after"]) > cores
 

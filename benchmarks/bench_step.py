@@ -1,0 +1,192 @@
+"""Where a step's time goes: the offline loop on the CPU examples, phase by phase.
+
+    .venv/bin/python benchmarks/bench_step.py [--baseline DIR] [--steps 2]
+        [--examples softmax,gelu,...] [--conditions idle,loaded] [--out FILE.json]
+
+Runs `htam optimize EXAMPLE/cpu_naive.py --provider offline --events` (mechanical
+rewrites only: no model in the way) for each CPU example, idle and beside a neighbour
+that keeps one core busy (a spinning process), with this checkout and, with `--baseline
+DIR`, another checkout (e.g. the main one) in the same run, alternating, each run in a
+fresh HTAM_HOME (nothing cached from another run). The phases are read off the events'
+arrival times, so any checkout that writes phase events is measured the same way:
+seconds per phase (a phase lasts until the next event), per step (its first phase to
+its step event), the start (step 0) and the closing duel (after the last step), and the
+time from the command's start to its first event. Printed as Markdown tables: medians
+over the examples, per checkout and condition, and the ratio after/before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ("softmax", "gelu", "linear_relu", "matmul")
+PHASES = ("select", "generate", "compile", "verify", "time", "confirm", "update")
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def run_loop(checkout: Path, example: str, steps: int) -> dict[str, Any]:
+    """One offline run of `checkout`'s engine on `example`: every event with the second
+    it arrived (from the command's start)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(checkout)
+    env["HTAM_HOME"] = tempfile.mkdtemp(prefix="htam-bench-step-")  # not the user's data
+    task = ROOT / "examples" / example / "cpu_naive.py"
+    command = [sys.executable, "-m", "htam_engine.cli", "optimize", str(task), "--events"]
+    command += ["--provider", "offline", "--device", "cpu", "--steps", str(steps)]
+    command += ["--output", str(Path(env["HTAM_HOME"]) / "out")]
+    start = time.monotonic()
+    seen: list[tuple[float, dict[str, Any]]] = []
+    log = Path(env["HTAM_HOME"]) / "stderr.log"
+    with (
+        log.open("w") as stderr,
+        subprocess.Popen(
+            command, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=stderr
+        ) as process,
+    ):
+        assert process.stdout is not None
+        for line in process.stdout:
+            arrived = time.monotonic() - start
+            try:
+                seen.append((arrived, json.loads(line)))
+            except json.JSONDecodeError:
+                continue
+    wall_s = time.monotonic() - start
+    error = log.read_text()[-600:] if process.returncode else ""
+    return {"wall_s": wall_s, "events": seen, "rc": process.returncode, "error": error}
+
+
+def breakdown(run: dict[str, Any]) -> dict[str, Any]:
+    """Seconds per phase, per step and for the start and the closing duel, and the
+    first event's delay, from one run's events."""
+    events = run["events"]
+    phases: dict[str, float] = {}
+    steps: list[float] = []
+    start_s = closing_s = 0.0
+    step_began: float | None = None
+    last_step_at: float | None = None
+    for index, (at, event) in enumerate(events):
+        following = events[index + 1][0] if index + 1 < len(events) else run["wall_s"]
+        if event["event"] == "phase":
+            phases[event["phase"]] = phases.get(event["phase"], 0.0) + following - at
+            if event["step"] >= 1 and step_began is None:
+                step_began = at
+                if last_step_at is None:  # the start: from the first event to step 1
+                    start_s = at - events[0][0]
+        elif event["event"] == "step" and step_began is not None:
+            steps.append(at - step_began)
+            step_began, last_step_at = None, at
+        elif event["event"] == "result" and last_step_at is not None:
+            closing_s = at - last_step_at
+    statuses = [e["status"] for _, e in events if e["event"] == "step"]
+    return {
+        "first_event_s": events[0][0] if events else None,
+        "wall_s": run["wall_s"],
+        "start_s": start_s,
+        "steps_s": steps,
+        "closing_s": closing_s,
+        "phases_s": phases,
+        "statuses": statuses,
+        "rc": run["rc"],
+        "error": run["error"],
+    }
+
+
+def loaded(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    neighbour = multiprocessing.Process(target=_spin, args=(1800.0,), daemon=True)
+    neighbour.start()
+    time.sleep(0.5)
+    try:
+        return measure()
+    finally:
+        neighbour.terminate()
+        neighbour.join(5)
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Medians over the examples' runs: per step, first event, start, closing, per phase."""
+
+    def median(values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
+    out = {
+        "step_s": median([s for r in rows for s in r["steps_s"]]),
+        "first_event_s": median([r["first_event_s"] for r in rows if r["first_event_s"]]),
+        "start_s": median([r["start_s"] for r in rows]),
+        "closing_s": median([r["closing_s"] for r in rows]),
+        "wall_s": median([r["wall_s"] for r in rows]),
+    }
+    for phase in PHASES:
+        out[phase] = median([r["phases_s"].get(phase, 0.0) for r in rows])
+    return out
+
+
+def table(results: dict[str, dict[str, float | None]]) -> str:
+    columns = ["step_s", "first_event_s", "start_s", "closing_s", "wall_s", *PHASES]
+    lines = ["| checkout, condition | " + " | ".join(columns) + " |"]
+    lines.append("| --- |" + " ---: |" * len(columns))
+    for name, values in results.items():
+        cells = ["-" if values[c] is None else f"{values[c]:.2f}" for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, help="another checkout, e.g. /work/main")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--examples", default=",".join(EXAMPLES))
+    parser.add_argument("--conditions", default="idle,loaded")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    checkouts = {"this checkout": ROOT}
+    if args.baseline:
+        checkouts = {f"baseline ({args.baseline.name})": args.baseline.resolve(), **checkouts}
+    conditions = args.conditions.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for example in args.examples.split(","):  # alternate: drift hits every checkout alike
+        for condition in conditions:
+            for name, checkout in checkouts.items():
+                measure = lambda c=checkout, e=example: run_loop(c, e, args.steps)  # noqa: E731
+                run = loaded(measure) if condition == "loaded" else measure()
+                row = {"example": example, **breakdown(run)}
+                runs.setdefault(f"{name}, {condition}", []).append(row)
+                print(f"{name}, {condition}, {example}: {json.dumps(row)}", file=sys.stderr)
+    results = {name: summary(rows) for name, rows in runs.items()}
+    print(f"load before/after: {os.getloadavg()}")
+    print(table(results))
+    if args.baseline:
+        print("\nratio this checkout / baseline (median step, first event, wall):")
+        for condition in conditions:
+            new, old = (
+                results[f"this checkout, {condition}"],
+                next(v for k, v in results.items() if k.startswith("baseline") and condition in k),
+            )
+            ratios = [
+                f"{key} {new[key] / old[key]:.2f}"
+                for key in ("step_s", "first_event_s", "wall_s")
+                if new[key] and old[key]
+            ]
+            print(f"- {condition}: " + ", ".join(ratios))
+    if args.out:
+        args.out.write_text(json.dumps({"results": results, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
