@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from htam_engine import events, implement, parsing
+from htam_engine import events, implement, parsing, roofline
 from htam_engine.episode import IMPROVE_MARGIN, Decision, Episode, task_signature
 from htam_engine.evaluate import Duel, ErrorKind, Verdict, evaluate, standby
 from htam_engine.evaluate.cache import usable_as_baseline
@@ -521,12 +521,16 @@ class Optimizer:
     def _feedback_text(self) -> str:
         if not self.result.steps:
             v = self.result.start_verdict or Verdict()
-            return f"starting implementation: correct={v.correct}, {v.runtime_ms} ms"
+            light = roofline.describe(v.roofline)  # how far from the machine's limit
+            return f"starting implementation: correct={v.correct}, {v.runtime_ms} ms" + (
+                f", {light}" if light else ""
+            )
         last = self.result.steps[-1]
         error = last.error.message if last.error else "none"
+        light = roofline.describe(last.verdict.roofline)
         return (
             f"last step {last.global_id}/{last.local_id}: {last.status}; "
-            f"speedup over start {last.speedup}; error: {error}"
+            f"speedup over start {last.speedup}{f', {light}' if light else ''}; error: {error}"
         )
 
     def _phase(self, step: int, phase: str, g: str = "", local: str = "") -> None:
