@@ -312,15 +312,20 @@ def place(
     return placed
 
 
-def for_verdict(reference_source: str, verdict: Verdict, versus_reference: bool = True) -> None:
+def for_verdict(
+    reference_source: str,
+    verdict: Verdict,
+    versus_reference: bool = True,
+    work: Work | None = None,
+) -> None:
     """Set a timed `verdict`'s `roofline` (and `suspect` when it is faster than light),
     measuring this machine first if it never was. Light is suspected before the
     candidate: a faster-than-light verdict measures the machine again (limits only ever
-    rise) and only then is it suspect. Never fails a verdict: an unknown work or a
-    failed measurement leaves {} and says why."""
+    rise) and only then is it suspect. `work` is the judge's count where it made one.
+    Never fails a verdict: an unknown work or a failed measurement says why."""
     if not verdict.runtime_ms or verdict.interval is None:
         return
-    work = task_work(reference_source)
+    work = work or task_work(reference_source)  # the judge's count, else one on meta
     try:
         limits = machine_limits()
         bound = bound_for(work, limits, verdict.device)
@@ -555,7 +560,6 @@ def _work(source: str) -> dict[str, Any]:
     import tempfile
 
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from htam_engine.evaluate import common
 
@@ -564,23 +568,46 @@ def _work(source: str) -> dict[str, Any]:
         (folder / "reference.py").write_text(source)
         with torch.device("meta"):
             module = common.import_file("htam_reference_work", folder / "reference.py")
-            inputs = list(module.get_inputs())
             model = module.Model(*module.get_init_inputs())
-            counter = FlopCounterMode(display=False)
-            with torch.no_grad(), counter:
-                out = model(*inputs)
-        outputs = list(out) if isinstance(out, tuple | list) else [out]
-        state = (
-            [*model.parameters(), *model.buffers()] if isinstance(model, torch.nn.Module) else []
-        )
-        return {
-            "inputs": _unique_bytes(torch, inputs),
-            "outputs": _unique_bytes(torch, outputs),
-            "parameters": _unique_bytes(torch, state),
-            "flops": int(counter.get_total_flops()),
-        }
+            return count_work(model, list(module.get_inputs()))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def count_work(model: Any, inputs: list[Any], device: Any = "meta") -> dict[str, int]:
+    """`model`'s work on `inputs` (one forward under `FlopCounterMode`, on `device`)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    moved = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        out = model(*moved)
+    outputs = list(out) if isinstance(out, tuple | list) else [out]
+    module_state = isinstance(model, torch.nn.Module)
+    state = [*model.parameters(), *model.buffers()] if module_state else []
+    return {
+        "inputs": _unique_bytes(torch, moved),
+        "outputs": _unique_bytes(torch, outputs),
+        "parameters": _unique_bytes(torch, state),
+        "flops": int(counter.get_total_flops()),
+    }
+
+
+def write_work(path: Path, model: Any, inputs: list[Any], device: Any) -> None:
+    """In the judge (trusted, already holding the reference and an input set): the work,
+    for the caller to read (`read_work`) without a process of its own. Nothing on failure."""
+    try:
+        path.write_text(json.dumps(count_work(model, inputs, device)))
+    except Exception:  # a forward the counter cannot follow: the caller counts on meta
+        return
+
+
+def read_work(path: Path) -> Work | None:
+    try:
+        return Work(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _unique_bytes(torch: Any, values: list[Any]) -> int:

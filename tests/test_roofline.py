@@ -214,3 +214,9 @@ def test_a_torch_compile_that_fails_says_so_and_keeps_eager_s_number(
     error = verdict.compile_baseline.get("error", "")
     assert error and "speedup" not in verdict.compile_baseline
     assert format_compile(verdict).startswith("n/a (torch.compile failed: ")
+
+
+def test_the_compile_baseline_is_written_with_its_interval_and_compile_time() -> None:
+    verdict = Verdict(compile_baseline={"speedup": 1.1, "low": 1.0, "high": 1.2, "compile_s": 31.6})
+    assert format_compile(verdict) == "1.10x (95 % 1.00-1.20; compiled in 32 s)"
+    assert format_compile(Verdict()) == "-"

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from htam_engine import stats, triton_backend
+from htam_engine import roofline, stats, triton_backend
 from htam_engine.evaluate import accounting, common, protocol, sandbox
 from htam_engine.evaluate.process import (
     Child,
@@ -329,6 +329,7 @@ class Judge:
             for inputs, seed in zip(self.sets, self.seeds, strict=True)
         ]
         self.exact = self._float64(model, self.sets)
+        roofline.write_work(self.jobdir / "work.json", model, self.sets[0], self.device)
         self.out_items = [common.layout(out)[0] for out in self.expected]
         sizes = (
             max(common.layout(inputs)[1] for inputs in self.sets),

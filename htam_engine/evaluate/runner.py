@@ -220,8 +220,9 @@ def run_candidate(
             _error(verdict, stop, source)
         if baseline == COMPILED:
             _compile_seconds(verdict, started.jobdir / "reference" / "compiled.json")
+        work = roofline.read_work(started.jobdir / "work.json")  # the judge counted it
     # against this machine's limits (the judge and its workers are gone: nothing runs beside)
-    roofline.for_verdict(task.reference_source, verdict, versus_reference=incumbent is None)
+    roofline.for_verdict(task.reference_source, verdict, incumbent is None, work)
     return verdict
 
 
