@@ -210,7 +210,8 @@ def test_a_torch_compile_that_fails_says_so_and_keeps_eager_s_number(
     verdict = evaluate(task, task.impl_source or "", device="cpu", limits=QUICK, baseline="compile")
     assert verdict.error is None, verdict.error
     assert verdict.correct and verdict.speedup and verdict.interval is not None
-    assert "fraction" in verdict.roofline
+    assert verdict.roofline["bytes"] == 2 * 256 * 1024 * 4 and "fraction" in verdict.roofline
+    assert not list(subdir("work").glob("*.json"))  # the judge counted it: no child ran
     error = verdict.compile_baseline.get("error", "")
     assert error and "speedup" not in verdict.compile_baseline
     assert format_compile(verdict).startswith("n/a (torch.compile failed: ")
