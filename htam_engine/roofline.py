@@ -81,6 +81,7 @@ class MachineLimits:
     numpy_copy_gbs: float  # numpy copying a 256 MiB array on one core, for comparison
     gpu: dict[str, Any] = field(default_factory=dict)
     measured_at: str = ""
+    load: float = 0.0  # the load average as it was measured (a neighbour makes it low)
     schema: int = SCHEMA
 
     def bandwidth_at(self, footprint: int, threads: str = "1") -> float:
@@ -443,6 +444,11 @@ def _human(limits: MachineLimits) -> str:
         tflops = ", ".join(f"{k} {v} TFLOP/s" for k, v in gpu["peak_tflops"].items())
         lines.append(f"GPU {gpu['name']} (sm {gpu['sm']}): {gpu['bandwidth_gbs']} GB/s, {tflops}")
     lines.append("verdicts use the 1-thread limits (the timing policy: one thread per side)")
+    if limits.load > limits.cores / 2:
+        lines.append(
+            f"measured at a load average of {limits.load:g} on {limits.cores} cores: the numbers "
+            "may be low; `htam machine --refresh` on a quiet machine raises them"
+        )
     return "\n".join(lines)
 
 
@@ -566,6 +572,7 @@ def measure() -> dict[str, Any]:
     found["numpy_copy_gbs"] = numpy_copy
     found["gpu"] = gpu
     found["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    found["load"] = round(os.getloadavg()[0], 2)
     return found
 
 
