@@ -34,7 +34,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,7 +98,9 @@ class MachineLimits:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MachineLimits:
-        return cls(**data)
+        """The limits in `data` (a key this version does not know is ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -334,8 +336,8 @@ def for_verdict(
     try:
         limits = machine_limits()
         bound = bound_for(work, limits, verdict.device)
-    except RuntimeError as error:
-        verdict.roofline = {"why": str(error)}
+    except (RuntimeError, TypeError, KeyError, ValueError) as error:  # never the verdict's
+        verdict.roofline = {"why": f"the machine's limits: {error}"[:300]}
         return
     if bound is None or not work.known:
         verdict.roofline = {"why": work.why or "the GPU's limits were not measured"}
