@@ -23,6 +23,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("eval", "htam_engine.evaluate.cli"),
     ("memory", "htam_engine.memory.cli"),
     ("bench", "htam_engine.sweep"),
+    ("machine", "htam_engine.roofline"),
 )
 
 

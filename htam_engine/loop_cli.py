@@ -16,9 +16,15 @@ from rich.table import Table
 
 from htam_engine import events
 from htam_engine.errors import NoStartError, ReferenceFailed, UserError
-from htam_engine.evaluate.cli import add_policy_arguments, with_policy
+from htam_engine.evaluate.cli import add_baseline_argument, add_policy_arguments, with_policy
 from htam_engine.machine import DEVICE_CHOICES
-from htam_engine.report import format_bounded, format_duel, format_interval, format_speedup
+from htam_engine.report import (
+    format_bounded,
+    format_duel,
+    format_interval,
+    format_roofline,
+    format_speedup,
+)
 from htam_engine.vocabulary import PROVIDERS
 
 if TYPE_CHECKING:
@@ -61,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-usd", type=float, help="stop the run's LLM calls past X dollars")
     p.add_argument("--json", action="store_true", help="print one JSON result on stdout")
     p.add_argument("--events", action="store_true", help="print JSON-line events on stdout")
+    add_baseline_argument(p)
     add_policy_arguments(p)  # --allow-torch, --scale
     p.set_defaults(handler=run)
 
@@ -129,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         optimizer.persist()
         why = result.stopped.removeprefix("reference_error: ")
         raise ReferenceFailed(f"{task.name}: {why}; fix the reference first")
+    if args.baseline == "compile":
+        _versus_compile(result, task, start_source, args)
     output = Path(args.output or f".htam-out/{task.name}-{result.run_id}")
     result.output_dir = str(write_outputs(result, output, suffix=Path(args.task).suffix))
     optimizer.persist()
@@ -153,6 +162,19 @@ def run(args: argparse.Namespace) -> int:
         return 130
     llm_failed = result.stopped.startswith("LLM failed")
     return 0 if result.correct and not (llm_failed and not result.steps) else 1
+
+
+def _versus_compile(result: RunResult, task: Any, start_source: str, args: Any) -> None:
+    """`--baseline compile`: the start and the best timed against the torch.compile'd
+    reference, once each at the end of the run (compiling costs seconds per evaluation)."""
+    from htam_engine.evaluate.runner import versus_compile
+
+    options = {"device": args.device, "use_cache": not args.no_cache}
+    if result.start_verdict is not None:
+        versus_compile(task, start_source, result.start_verdict, **options)
+    best = next((s for s in result.steps if s.step == result.best_step), None)
+    if best is not None:
+        versus_compile(task, result.best_source, best.verdict, **options)
 
 
 def _local_ids(text: str) -> tuple[str, ...]:
@@ -223,7 +245,8 @@ class _Display:
 def _final_table(result: RunResult) -> Table:
     table = Table(title=f"HTAM on {result.task} ({result.provider})")
     # the direction of each step is in its line above; a narrow terminal folds, never cuts
-    for column in ("step", "strategy", "outcome", "vs start", "vs best, in pairs", "vs PyTorch"):
+    columns = ("step", "strategy", "outcome", "vs start", "vs best, in pairs", "vs PyTorch")
+    for column in (*columns, "of roofline"):
         table.add_column(column, overflow="fold")
     for s in result.steps:
         table.add_row(
@@ -233,6 +256,7 @@ def _final_table(result: RunResult) -> Table:
             format_speedup(s.speedup),
             format_duel(s.versus_best),
             format_interval(s.verdict),
+            format_roofline(s.verdict),
         )
     best = format_bounded(result.best_speedup, result.best_interval)
     table.caption = (

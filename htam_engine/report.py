@@ -30,10 +30,11 @@ def markdown_report(result: RunResult) -> str:
         f"- best (step {result.best_step}): "
         f"{format_bounded(result.best_speedup, result.best_interval)} over the start, "
         f"{format_speedup(result.best_ref_speedup)} vs PyTorch",
+        *_light_lines(result),
         "",
         "| step | direction | strategy | reason | outcome | vs start | vs best, in pairs "
-        "| vs PyTorch | runtime ms |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| vs PyTorch | of roofline | runtime ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in result.steps:
         runtime = s.verdict.runtime_ms
@@ -41,7 +42,7 @@ def markdown_report(result: RunResult) -> str:
         lines.append(
             f"| {s.step} | {s.global_id} | {s.local_id} | {s.reason.replace('|', '/')} "
             f"| {s.status} | {format_speedup(s.speedup)} | {format_duel(s.versus_best)} "
-            f"| {format_interval(s.verdict)} | {shown} |"
+            f"| {format_interval(s.verdict)} | {format_roofline(s.verdict)} | {shown} |"
         )
     return "\n".join([*lines, *phase_lines(result)]) + "\n"
 
@@ -67,6 +68,49 @@ def phase_lines(result: RunResult) -> list[str]:
         cells = [f"{phases[p]:.1f}" if p in phases else "-" for p in names]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {sum(phases.values()):.1f} |")
     return lines
+
+
+def _light_lines(result: RunResult) -> list[str]:
+    """The start's and PyTorch's place on the roofline, and torch.compile's numbers."""
+    from htam_engine.roofline import describe
+
+    lines = []
+    light = result.start_verdict.roofline if result.start_verdict else {}
+    if "fraction" in light:
+        lines.append(
+            f"- roofline ({light['where']}, {light['bound']}-bound: {light['bytes']} bytes, "
+            f"{light['flops']} FLOPs, at best {light['roofline_ms']:.4g} ms): the start is "
+            f"{describe(light)}; PyTorch at {100 * light.get('reference_fraction', 0):.0f} %"
+        )
+    timed = [
+        (result.start_verdict, "start"),
+        *((s.verdict, f"step {s.step}") for s in result.steps),
+    ]
+    for verdict, name in timed:
+        if verdict is not None and verdict.compile_baseline:
+            lines.append(f"- vs torch.compile ({name}): {format_compile(verdict)}")
+    return lines
+
+
+def format_roofline(verdict: Verdict) -> str:
+    """A timed verdict's fraction of its roofline: "61 % memory"; "-" when not placed."""
+    light = verdict.roofline
+    if "fraction" not in light:
+        return "-"
+    flag = " faster than light" if light.get("faster_than_light") else ""
+    return f"{100 * light['fraction']:.0f} % {light['bound']}{flag}"
+
+
+def format_compile(verdict: Verdict) -> str:
+    """The speedup over the torch.compile'd reference: "1.10x (95 % 1.02-1.19; compiled
+    in 31 s)", or why there is none."""
+    base = verdict.compile_baseline
+    if base.get("error"):
+        return f"n/a (torch.compile failed: {base['error'][:200]})"
+    if base.get("speedup") is None:
+        return "-"
+    bounds = format_bounds((base["low"], base["high"]))
+    return f"{format_speedup(base['speedup'])} ({bounds}; compiled in {base['compile_s']:.0f} s)"
 
 
 def plot_speedups(result: RunResult, path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from htam_engine import events
 from htam_engine.report import format_bounded, format_bounds, format_duel, format_speedup
+from htam_engine.roofline import describe
 from htam_lsp.suggestions import StepRecord
 
 if TYPE_CHECKING:
@@ -51,7 +52,9 @@ def gain_text(record: StepRecord) -> str:
     times = f"{_ms(record.start_ms)} -> {_ms(record.runtime_ms)} ms"
     if record.ref_ms is not None:
         times += f"; PyTorch {_ms(record.ref_ms)} ms"
-    return f"{format_speedup(record.speedup)} faster than your code ({bounds}; {times})"
+    light = describe(record.step.verdict.roofline, short=True)  # "at 61 % of this core's ..."
+    text = f"{format_speedup(record.speedup)} faster than your code ({bounds}; {times})"
+    return f"{text}, {light}" if light else text
 
 
 def below_text(record: StepRecord, threshold: float) -> str:

@@ -12,11 +12,21 @@ from helpers.hermetic import REAL_DATA_DIR, STRIPPED, snapshot
 _BEFORE = snapshot(REAL_DATA_DIR)
 
 
+@pytest.fixture(scope="session")
+def machine_limits_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this session keeps this machine's limits: measured once, by the first timed
+    verdict that needs them (`htam_engine.roofline`), not once per test's home."""
+    return tmp_path_factory.mktemp("machine") / "limits.json"
+
+
 @pytest.fixture(autouse=True)
-def hermetic_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def hermetic_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, machine_limits_file: Path
+) -> Iterator[Path]:
     """Point every HTAM folder of this test into its own tmp dir; strip LLM keys."""
     root = tmp_path / "hermetic"
     monkeypatch.setenv("HTAM_HOME", str(root / "home"))
+    monkeypatch.setenv("HTAM_MACHINE_LIMITS", str(machine_limits_file))
     monkeypatch.setenv("HTAM_BUILD_DIR", str(root / "builds"))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root / "torch-extensions"))
     for name in STRIPPED:

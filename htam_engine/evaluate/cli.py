@@ -51,8 +51,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     parser.add_argument("--json", action="store_true", help="print one JSON verdict on stdout")
     parser.add_argument("--no-cache", action="store_true", help="evaluate even if cached")
+    add_baseline_argument(parser)
     add_policy_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def add_baseline_argument(parser: argparse.ArgumentParser) -> None:
+    """`--baseline eager|compile`, shared by eval and optimize."""
+    parser.add_argument(
+        "--baseline",
+        choices=("eager", "compile"),
+        default="eager",
+        help="compile: also time against the torch.compile'd reference, in pairs "
+        "(compile time excluded and recorded; a failed compile keeps eager's number)",
+    )
 
 
 def _human(verdict: Verdict) -> str:
@@ -75,7 +87,18 @@ def _human(verdict: Verdict) -> str:
 
 def _notes(verdict: Verdict) -> str:
     """What the number was measured under: allowed library ops, a shrunk problem."""
+    from htam_engine.report import format_compile
+    from htam_engine.roofline import describe
+
     notes = []
+    if light := describe(verdict.roofline):
+        reference = verdict.roofline.get("reference_fraction")
+        pytorch = f"; PyTorch at {100 * reference:.0f} %" if reference is not None else ""
+        notes.append(f"roofline: {verdict.roofline['bound']}-bound, {light}{pytorch}")
+    elif why := verdict.roofline.get("why"):
+        notes.append(f"roofline: {why}")
+    if verdict.compile_baseline:
+        notes.append(f"vs torch.compile: {format_compile(verdict)}")
     if verdict.torch_ops:
         notes.append(f"torch computed (allowed): {', '.join(verdict.torch_ops)}")
     if verdict.scaled:
@@ -94,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot read candidate {args.candidate}: {error}") from None
     if task.impl_path is None or task.impl_path.resolve() != args.candidate.resolve():
         task = _with_candidate(task, args.candidate, candidate)
-    verdict = evaluate(task, candidate, device=args.device, use_cache=not args.no_cache)
+    verdict = evaluate(
+        task, candidate, device=args.device, use_cache=not args.no_cache, baseline=args.baseline
+    )
     if args.json:
         json.dump(verdict.to_json(), sys.stdout)
         sys.stdout.write("\n")

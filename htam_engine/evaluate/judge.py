@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from htam_engine import stats, triton_backend
+from htam_engine import roofline, stats, triton_backend
 from htam_engine.evaluate import accounting, common, protocol, sandbox, tasks
 from htam_engine.evaluate.process import (
     Child,
@@ -371,6 +371,7 @@ class Judge:
              for xs, seed in zip(self.sets, self.seeds, strict=True)]
             if self.model64 is not None else None
         )  # fmt: skip
+        roofline.write_work(self.jobdir / "work.json", model, self.sets[0], self.device)
         self.out_items = [common.layout(out)[0] for out in self.expected]
         sizes = (
             max(common.layout(inputs)[1] for inputs in self.sets),

@@ -10,6 +10,7 @@ The job folder is locked while it lives; folders of dead evaluations are removed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,9 +19,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from htam_engine import machine, stats, triton_backend
+from htam_engine import machine, roofline, stats, triton_backend
 from htam_engine.evaluate import cache, excerpt, protocol, sandbox, standby
 from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
 from htam_engine.evaluate.process import Child, Stop
@@ -41,6 +43,7 @@ MAX_TRIALS = 100
 # The 95 % interval's half-width at which timing stops, relative to the speedup.
 TARGET_HALF_WIDTH = {"cpu": 0.05, "cuda": 0.01}
 _WORKER_KEYS = ("name", "kind", "backend", "entry", "device", "init_seed", "allow_torch")
+_BASELINE_KEY = "baseline"  # in a worker's job only when the reference is compiled
 # How much one kernel's speedup moves between evaluations, beyond what its pairs show:
 # CPU, the coefficient of variation over 10 evaluations of examples/softmax/cpu_naive.py
 # on a 2-core machine, idle and next to a busy neighbour (benchmarks/bench_noise.py:
@@ -81,13 +84,22 @@ def evaluate(
     incumbent: str | None = None,
     run: int = 0,
     decide: float | None = None,
+    baseline: str = "eager",
 ) -> Verdict:
     """Compile, verify and time `candidate_source` against `task`'s reference (with
     `incumbent`, timed against that instead: `compare`). `run` n > 0 is the pair's
     n-th separate run, cached apart from the others. `decide`, the speedup the caller
     compares the result with: timing stops as soon as the interval lies wholly above or
     below it (`stats.settled`), and such a verdict is `converged` (the question is
-    decided); the cache answers whatever was asked (a timing is one measurement)."""
+    decided); the cache answers whatever was asked (a timing is one measurement).
+    `baseline="compile"` adds the candidate timed against the torch.compile'd reference
+    (`compile_baseline`)."""
+    if baseline == "compile":
+        options: dict[str, Any] = {
+            "device": device, "limits": limits, "use_cache": use_cache, "cancel": cancel
+        }  # fmt: skip
+        eager = evaluate(task, candidate_source, on_phase=on_phase, decide=decide, **options)
+        return versus_compile(task, candidate_source, eager, **options)
     limits = limits or Limits()
     resolved = machine.resolve_device(device, task.backend)
     mode = sandbox_mode()
@@ -95,6 +107,7 @@ def evaluate(
     content += f"\0run\0{run}" if run else ""
     siblings = sandbox.named_siblings(task.impl_path, candidate_source)  # the box holds them
     content += "".join(f"\0{name}\0{text}" for name, text in siblings.items())
+    content += "\0baseline\0compiled" if baseline == COMPILED else ""
     key = cache.key(task, content, resolved, limits, sandbox=mode)  # policy too
     if use_cache and (hit := cache.get(key, sandbox=mode)) is not None:
         return hit
@@ -107,6 +120,7 @@ def evaluate(
         on_phase or (lambda _phase: None),
         incumbent,
         decide,
+        baseline,
     )
     # Written even when not read: a re-measurement replaces the verdict it re-measured.
     if verdict.error_kind not in _UNCACHED:
@@ -121,6 +135,32 @@ def compare(task: Task, candidate_source: str, incumbent_source: str, **options:
     the pair is cached as one content per `run`, so runs to pool are never one cached run
     read twice, and a run replayed from the cache retraces the same runs."""
     return evaluate(task, candidate_source, incumbent=incumbent_source, **options)
+
+
+COMPILED = "compiled"  # the reference side runs torch.compile(Model) (`versus_compile`)
+
+
+def versus_compile(task: Task, candidate_source: str, eager: Verdict, **options: Any) -> Verdict:
+    """`eager` with `compile_baseline`: the candidate timed in pairs against the
+    torch.compile'd reference in its own evaluation (compiled and warmed before timing,
+    its compile time recorded apart). A compile that fails says so in
+    `compile_baseline["error"]`; eager's numbers stand either way."""
+    if eager.runtime_ms is None:
+        return eager
+    compiled = evaluate(task, candidate_source, baseline=COMPILED, **options)
+    if compiled.interval is None or compiled.speedup is None:
+        why = compiled.error.message if compiled.error else "not timed"
+        eager.compile_baseline = {"error": why.removeprefix("the reference failed: ")[:600]}
+        return eager
+    eager.compile_baseline = {
+        "speedup": compiled.speedup,
+        "low": compiled.interval.low,
+        "high": compiled.interval.high,
+        "ref_runtime_ms": compiled.ref_runtime_ms,
+        "compile_s": compiled.phase_seconds.get("reference_compile", 0.0),
+        "converged": compiled.converged,
+    }
+    return eager
 
 
 def pooled_interval(verdicts: list[Verdict]) -> stats.Interval:
@@ -143,6 +183,7 @@ def _evaluate(
     on_phase: Callable[[str], None],
     incumbent: str | None = None,
     decide: float | None = None,
+    baseline: str = "eager",
 ) -> Verdict:
     verdict = Verdict(device=device, sandbox=sandbox_mode())
     verdict.allow_torch = list(task.allow_torch)
@@ -160,7 +201,9 @@ def _evaluate(
         chosen = [c for c in failed if _kind(c.name) == kind]
         _fail(verdict, kind, chosen, source, task.allow_torch)
         return verdict
-    return run_candidate(task, source, verdict, limits, cancel, on_phase, incumbent, decide)
+    return run_candidate(
+        task, source, verdict, limits, cancel, on_phase, incumbent, decide, baseline
+    )
 
 
 def run_candidate(
@@ -172,6 +215,7 @@ def run_candidate(
     on_phase: Callable[[str], None],
     incumbent: str | None = None,
     decide: float | None = None,
+    baseline: str = "eager",
 ) -> Verdict:
     """Everything after the static checks: compile, verify and time in the sandbox (with
     `incumbent`, against it: `compare`). The trusted side must hold on its own when a
@@ -181,14 +225,28 @@ def run_candidate(
     ):
         return _compile_only(task, source, verdict, limits)
     on_phase("compile")
-    with standby.judge_for(_ahead(task, verdict.device, limits), task.reference_source) as started:
+    ahead = _ahead(task, verdict.device, limits)
+    if baseline == COMPILED:
+        ahead["baseline"] = COMPILED  # the reference worker compiles and warms its model
+    with standby.judge_for(ahead, task.reference_source) as started:
         _write_job(started, task, source, incumbent, decide)
         started.judge.send(protocol.JOB)
         try:
             _phases(started.judge, task, verdict, limits, cancel, on_phase, decide)
         except Stop as stop:
             _error(verdict, stop, source)
+        if baseline == COMPILED:
+            _compile_seconds(verdict, started.jobdir / "reference" / "compiled.json")
+        work = roofline.read_work(started.jobdir / "work.json")  # the judge counted it
+    # against this machine's limits (the judge and its workers are gone: nothing runs beside)
+    roofline.for_verdict(task.reference_source, verdict, incumbent is None, work)
     return verdict
+
+
+def _compile_seconds(verdict: Verdict, path: Path) -> None:
+    """The reference worker's torch.compile time (compile and warm-up, outside timing)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        verdict.phase_seconds["reference_compile"] = float(json.loads(path.read_text())["s"])
 
 
 def _ahead(task: Task, device: str, limits: Limits) -> dict[str, Any]:
@@ -302,6 +360,8 @@ def _write_job(
     neither holds seeds or inputs."""
     name = display_name(task)
     worker_job = {key: started.job[key] for key in _WORKER_KEYS}
+    if _BASELINE_KEY in started.job:
+        worker_job[_BASELINE_KEY] = started.job[_BASELINE_KEY]
     candidate_job = {**worker_job, "candidate_file": f"candidate/{name}"}
     for role, code in (("candidate", source), ("reference", incumbent)):
         if code is not None:

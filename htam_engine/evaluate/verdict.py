@@ -133,6 +133,14 @@ class Verdict:
     # When the problem was shrunk to fit (`--scale`): the factor and each size changed,
     # {"factor": 0.1, "sizes": {"batch_size": [4096, 409]}}; empty when run as written.
     scaled: dict[str, Any] = field(default_factory=dict)
+    # Where a timed verdict sits against this machine's limits (`roofline.place`: bytes,
+    # flops, achieved GB/s and GFLOP/s, the bound, the fraction of the roofline time);
+    # {} when untimed, {"why": ...} when it could not be placed.
+    roofline: dict[str, Any] = field(default_factory=dict)
+    # `--baseline compile`: the candidate timed in pairs against the torch.compile'd
+    # reference (`baseline.versus_compile`): speedup, bounds, the compiled reference's
+    # time and compile seconds, or the error that left only eager's number.
+    compile_baseline: dict[str, Any] = field(default_factory=dict)
 
     @property
     def error_kind(self) -> ErrorKind | None:

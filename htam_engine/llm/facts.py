@@ -16,7 +16,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from htam_engine import machine
+from htam_engine import machine, roofline
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.events import Step
 from htam_engine.report import format_speedup
@@ -222,6 +222,12 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g} ms"
 
 
+def _light(verdict: Verdict) -> str:
+    """How far the implementation is from this machine's limit ("", not yet known)."""
+    light = roofline.describe(verdict.roofline)
+    return f", {light}" if light else ""
+
+
 def times_text(start: Verdict | None, best: Verdict | None, best_step: int) -> str:
     """The reference's, the start's and the best's times, and which one is improved."""
     if start is None or start.ref_runtime_ms is None:
@@ -229,11 +235,12 @@ def times_text(start: Verdict | None, best: Verdict | None, best_step: int) -> s
     lines = [
         f"PyTorch reference: {_ms(start.ref_runtime_ms)}; starting implementation: "
         f"{_ms(start.runtime_ms)} ({format_speedup(start.speedup)} over PyTorch)"
+        + _light(start)
     ]
     if best is not None and best_step:
         lines.append(
             f"Best kept (step {best_step}, the code shown below): {_ms(best.runtime_ms)} "
-            f"({format_speedup(best.speedup)} over PyTorch)"
+            f"({format_speedup(best.speedup)} over PyTorch)" + _light(best)
         )
     else:
         lines.append("The code shown below is the starting implementation (nothing beat it yet).")

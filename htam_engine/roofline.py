@@ -1,0 +1,660 @@
+"""Speed of light: how far a timed kernel is from what this machine can do.
+
+Two facts meet here. The machine's limits (`MachineLimits`), measured once per machine
+and kept under the HTAM home by a fingerprint of it: STREAM-like memory bandwidth (the
+best of copy, triad and memcpy) over working sets from cache-sized to far past the last
+level cache, and the peak FP32 FLOP/s of a GEMM (torch's, which runs the ISA's widest
+FMA), each with one thread and with all cores; on a GPU the device's copy bandwidth and
+GEMM peaks. And the task's minimal work (`Work`): the bytes that must move once (inputs,
+outputs, parameters) and the FLOPs `torch.utils.flop_counter.FlopCounterMode` counts on
+the reference (matmul-class ops only: elementwise work counts none, so the time derived
+is a lower bound). The judge counts the work on the forward it runs anyway; the limits
+(and a work the judge could not count) come from a trusted child (`python -m
+htam_engine.roofline measure|work`): the caller imports no torch.
+
+`place` puts a timed verdict on the roofline under the timing policy (one thread): the
+bandwidth the bound uses is the one measured at the task's footprint (a problem that
+fits in cache is held to the cache's speed, not DRAM's), the roofline time is
+max(bytes / bandwidth, flops / peak), and the fraction is roofline time / measured time.
+A candidate whose slowest plausible time (the slow end of its interval) still beats the
+roofline time by `FASTER_THAN_LIGHT` is `suspect`: re-verified, never a baseline.
+
+The fingerprint reads /proc/cpuinfo itself (model, ISA flags); `machine.cpu_facts` is the
+place for the facts a prompt shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from htam_engine import machine
+from htam_engine.errors import UserError
+from htam_engine.paths import subdir
+
+if TYPE_CHECKING:
+    from htam_engine.evaluate.verdict import Verdict
+
+SCHEMA = 3  # bump when what is measured changes: older caches are measured again
+LIMITS_ENV = "HTAM_MACHINE_LIMITS"
+MEASURE_TIMEOUT_S = 600.0
+WORK_TIMEOUT_S = 120.0
+FASTER_THAN_LIGHT = 1.10  # fraction of the roofline time that is "well above" 100 %
+NEAR_LIMIT = 0.9  # at or above this fraction a kernel is near its bound
+MIB = 1 << 20
+# Bytes of one array in the bandwidth curve: L1/L2-sized to well past the last level cache.
+CURVE_BYTES = (256 << 10, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 512 * MIB)
+NUMPY_COPY_BYTES = 256 * MIB
+GEMM_N = {"1": 1024, "all": 2048}
+# FP32 lanes of one FMA for the widest vector ISA the flags name.
+_ISA_LANES = (
+    ("avx512f", "avx512", 16),
+    ("avx2", "avx2", 8),
+    ("sve", "sve", 4),
+    ("asimd", "neon", 4),
+)
+
+
+@dataclass(frozen=True)
+class MachineLimits:
+    """What this machine can do, measured (see the module docstring)."""
+
+    fingerprint: str
+    cpu: str
+    isa: str
+    fp32_lanes: int
+    cores: int
+    # per thread setting ("1", "all"): [[bytes of one array, GB/s], ...], ascending
+    bandwidth: dict[str, list[list[float]]]
+    peak_gflops: dict[str, float]  # fp32 GEMM, per thread setting
+    numpy_copy_gbs: float  # numpy copying a 256 MiB array on one core, for comparison
+    gpu: dict[str, Any] = field(default_factory=dict)
+    measured_at: str = ""
+    load: float = 0.0  # the load average as it was measured (a neighbour makes it low)
+    schema: int = SCHEMA
+
+    def bandwidth_at(self, footprint: int, threads: str = "1") -> float:
+        """GB/s streaming `footprint` bytes: the curve's point of the smallest working set
+        that holds it (a copy's working set is two arrays), else its largest."""
+        curve = self.bandwidth[threads]
+        for size, gbs in curve:
+            if footprint <= 2 * size:
+                return gbs
+        return curve[-1][1]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MachineLimits:
+        """The limits in `data` (a key this version does not know is ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Work:
+    """A task's minimal work: bytes that must move once, and counted FLOPs."""
+
+    inputs: int
+    outputs: int
+    parameters: int
+    flops: int
+    why: str = ""  # set when the work is unknown (the reference does not run on meta)
+
+    @property
+    def bytes(self) -> int:
+        return self.inputs + self.outputs + self.parameters
+
+    @property
+    def known(self) -> bool:
+        return not self.why
+
+
+# ---------------------------------------------------------------- the machine's identity
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def cpu_isa() -> tuple[str, str, int]:
+    """(CPU model, widest vector ISA with FMA, FP32 lanes of one FMA)."""
+    info = _cpuinfo()
+    model = info.get("model name") or info.get("Processor") or platform.processor() or "cpu"
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    for flag, isa, lanes in _ISA_LANES:
+        if flag in flags and (flag != "avx2" or "fma" in flags):
+            return model, isa, lanes
+    return model, "scalar", 1
+
+
+def _gpu_models() -> list[str]:
+    models = []
+    for info in sorted(machine.NVIDIA_GPUS.glob("*/information")):
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                models.append(line.split(":", 1)[1].strip())
+    return models
+
+
+def fingerprint() -> str:
+    """What the limits depend on: CPU model and ISA, cores, memory, GPUs, torch's build."""
+    model, isa, _ = cpu_isa()
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "none"
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    parts = [
+        str(SCHEMA), platform.machine(), model, isa, str(len(os.sched_getaffinity(0))),
+        str(round(pages / 2**30)), ",".join(_gpu_models()), torch_version,
+    ]  # fmt: skip
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- the cached limits
+def _cached_path() -> Path:
+    """Where the limits are kept: `HTAM_MACHINE_LIMITS` (a file, e.g. one measurement
+    shared by a test session's homes), else the home's `machine/<fingerprint>.json`."""
+    if kept := os.environ.get(LIMITS_ENV):
+        return Path(kept)
+    return subdir("machine") / f"{fingerprint()}.json"
+
+
+def cached_limits() -> MachineLimits | None:
+    """This machine's limits if measured before (under this HTAM home), else None."""
+    try:
+        limits = MachineLimits.from_json(json.loads(_cached_path().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return limits if (limits.schema, limits.fingerprint) == (SCHEMA, fingerprint()) else None
+
+
+def machine_limits(refresh: bool = False) -> MachineLimits:
+    """This machine's limits: the cached ones, or measured now (seconds, under the
+    timing lock, so never beside a timing) and kept. A neighbour's load only ever makes
+    a measurement low, so a new one is merged with the old by the best of each number.
+    `RuntimeError` if the measurement fails."""
+    old = cached_limits()
+    if not refresh and old is not None:
+        return old
+    done = _child(["measure"], "", MEASURE_TIMEOUT_S)
+    limits = MachineLimits.from_json({**done, "fingerprint": fingerprint()})
+    if old is not None:
+        limits = _best_of(old, limits)
+    path = _cached_path()
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(limits.to_json(), indent=1))
+    partial.replace(path)  # never half-written
+    return limits
+
+
+def _best_of(old: MachineLimits, new: MachineLimits) -> MachineLimits:
+    """`new` with each bandwidth point and peak the higher of the two measurements."""
+    bandwidth = {}
+    for threads, curve in new.bandwidth.items():
+        before = {size: gbs for size, gbs in old.bandwidth.get(threads, [])}
+        bandwidth[threads] = [[size, max(gbs, before.get(size, 0.0))] for size, gbs in curve]
+    peaks = {k: max(v, old.peak_gflops.get(k, 0.0)) for k, v in new.peak_gflops.items()}
+    numpy_copy = max(new.numpy_copy_gbs, old.numpy_copy_gbs)
+    return replace(new, bandwidth=bandwidth, peak_gflops=peaks, numpy_copy_gbs=numpy_copy)
+
+
+def _child(argv: list[str], stdin: str, timeout: float) -> dict[str, Any]:
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "htam_engine.roofline", *argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=machine.trusted_env(),
+        )
+        found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError) as error:
+        raise RuntimeError(f"roofline {argv[0]} failed: {type(error).__name__}") from None
+    if "error" in found:
+        raise RuntimeError(f"roofline {argv[0]} failed: {found['error']}")
+    return found
+
+
+# ---------------------------------------------------------------- the task's work
+def task_work(reference_source: str) -> Work:
+    """The minimal work of the reference (kept under the HTAM home by its content)."""
+    digest = hashlib.sha256(reference_source.encode()).hexdigest()[:24]
+    kept = subdir("work") / f"{digest}.json"
+    try:
+        return Work(**json.loads(kept.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    try:
+        work = Work(**_child(["work"], reference_source, WORK_TIMEOUT_S))
+    except (RuntimeError, TypeError) as error:
+        return Work(0, 0, 0, 0, why=str(error))
+    kept.write_text(json.dumps(asdict(work)))
+    return work
+
+
+# ---------------------------------------------------------------- a verdict's place
+@dataclass(frozen=True)
+class Bound:
+    """The limits a verdict is held to: bandwidth at its footprint, and peak."""
+
+    bandwidth_gbs: float
+    peak_gflops: float
+    where: str  # "core" (one CPU thread) or "GPU"
+
+
+def bound_for(work: Work, limits: MachineLimits, device: str = "cpu") -> Bound | None:
+    """The timing policy's limits for `work` on `device`: one CPU thread, or the GPU
+    (None where the GPU was not measured)."""
+    if device == "cuda":
+        gpu = limits.gpu
+        if not gpu:
+            return None
+        return Bound(gpu["bandwidth_gbs"], gpu["peak_tflops"]["fp32"] * 1e3, "GPU")
+    return Bound(limits.bandwidth_at(work.bytes, "1"), limits.peak_gflops["1"], "core")
+
+
+def roofline_ms(work: Work, bound: Bound) -> tuple[float, str]:
+    """(the roofline time in ms, the bound that sets it: memory or compute)."""
+    memory_ms = work.bytes / (bound.bandwidth_gbs * 1e9) * 1e3
+    compute_ms = work.flops / (bound.peak_gflops * 1e9) * 1e3
+    return max(memory_ms, compute_ms), "compute" if compute_ms > memory_ms else "memory"
+
+
+def place(
+    work: Work,
+    bound: Bound,
+    runtime_ms: float,
+    ref_runtime_ms: float | None = None,
+    slowest_ms: float | None = None,
+) -> dict[str, Any]:
+    """A timed kernel on the roofline (the verdict's `roofline`, {} when the work is
+    unknown): achieved GB/s and GFLOP/s, the bound, the fraction of the roofline time
+    achieved (by the candidate, and by the reference), and whether even the slow end of
+    its interval (`slowest_ms`) is faster than light."""
+    if not work.known or runtime_ms <= 0 or work.bytes <= 0:
+        return {}
+    best_ms, limiting = roofline_ms(work, bound)
+    seconds = runtime_ms / 1e3
+    placed: dict[str, Any] = {
+        "bytes": work.bytes,
+        "flops": work.flops,
+        "bound": limiting,
+        "where": bound.where,
+        "bandwidth_gbs": round(bound.bandwidth_gbs, 3),
+        "peak_gflops": round(bound.peak_gflops, 3),
+        "roofline_ms": best_ms,
+        "achieved_gbs": round(work.bytes / seconds / 1e9, 3),
+        "achieved_gflops": round(work.flops / seconds / 1e9, 3),
+        "fraction": round(best_ms / runtime_ms, 4),
+    }
+    if ref_runtime_ms:
+        placed["reference_fraction"] = round(best_ms / ref_runtime_ms, 4)
+    slowest = slowest_ms if slowest_ms is not None else runtime_ms
+    placed["faster_than_light"] = best_ms / slowest > FASTER_THAN_LIGHT
+    return placed
+
+
+_REMEASURED: set[Path] = set()  # the kept limits this process measured again
+
+
+def for_verdict(
+    reference_source: str,
+    verdict: Verdict,
+    versus_reference: bool = True,
+    work: Work | None = None,
+) -> None:
+    """Set a timed `verdict`'s `roofline` (and `suspect` when it is faster than light),
+    measuring this machine first if it never was. Light is suspected before the
+    candidate: a faster-than-light verdict measures the machine again (limits only ever
+    rise) and only then is it suspect. `work` is the judge's count where it made one.
+    Never fails a verdict: an unknown work or a failed measurement says why."""
+    if not verdict.runtime_ms or verdict.interval is None:
+        return
+    work = work or task_work(reference_source)  # the judge's count, else one on meta
+    try:
+        limits = machine_limits()
+        bound = bound_for(work, limits, verdict.device)
+    except (RuntimeError, TypeError, KeyError, ValueError) as error:  # never the verdict's
+        verdict.roofline = {"why": f"the machine's limits: {error}"[:300]}
+        return
+    if bound is None or not work.known:
+        verdict.roofline = {"why": work.why or "the GPU's limits were not measured"}
+        return
+    # the slow end of the candidate's time: its time at the speedup's lower bound
+    slowest = verdict.runtime_ms * verdict.interval.estimate / max(verdict.interval.low, 1e-12)
+    ref_ms = verdict.ref_runtime_ms if versus_reference else None
+    placed = place(work, bound, verdict.runtime_ms, ref_ms, slowest)
+    # PyTorch beating light says the same: the limits were measured under a load
+    light = placed.get("reference_fraction", 0) > FASTER_THAN_LIGHT
+    beyond = placed.get("faster_than_light") or light
+    if beyond and _cached_path() not in _REMEASURED:  # once: a measurement takes seconds
+        _REMEASURED.add(_cached_path())
+        bound = bound_for(work, machine_limits(refresh=True), verdict.device) or bound
+        placed = place(work, bound, verdict.runtime_ms, ref_ms, slowest)
+    placed["machine"] = limits.fingerprint
+    verdict.roofline = placed
+    verdict.suspect = verdict.suspect or bool(placed.get("faster_than_light"))
+
+
+def describe(roofline: dict[str, Any], short: bool = False) -> str:
+    """ "at 61 % of this core's memory bandwidth (12.1 of 19.8 GB/s)"; "" for {}."""
+    if "fraction" not in roofline:
+        return ""
+    percent = f"{100 * roofline['fraction']:.0f} %"
+    if roofline["bound"] == "memory":
+        what, got, limit, unit = (
+            "memory bandwidth",
+            roofline["achieved_gbs"],
+            roofline["bandwidth_gbs"],
+            "GB/s",
+        )
+    else:
+        what, got, limit, unit = (
+            "FP32 peak",
+            roofline["achieved_gflops"],
+            roofline["peak_gflops"],
+            "GFLOP/s",
+        )
+    where = "this GPU's" if roofline.get("where") == "GPU" else "this core's"
+    text = f"at {percent} of {where} {what}"
+    if short:
+        return text
+    text += f" ({got:.3g} of {limit:.3g} {unit})"
+    return text + (" - faster than light" if roofline.get("faster_than_light") else "")
+
+
+def tags(roofline: dict[str, Any]) -> list[str]:
+    """State tags: `memory_bound` / `compute_bound`, and `near_limit` at 90 % or more."""
+    if "fraction" not in roofline:
+        return []
+    found = [f"{roofline['bound']}_bound"]
+    return found + (["near_limit"] if roofline["fraction"] >= NEAR_LIMIT else [])
+
+
+# ---------------------------------------------------------------- `htam machine`
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "machine",
+        help="this machine's limits (bandwidth, peak FLOP/s), measured once and cached",
+        description=(
+            "Print the memory bandwidth and peak FP32 FLOP/s this machine reaches with one "
+            "thread and with all cores (and its GPU's), which every timed verdict is placed "
+            "against. Measured on first use (seconds) and cached under the HTAM home."
+        ),
+    )
+    parser.add_argument("--refresh", action="store_true", help="measure again (best kept)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        limits = machine_limits(refresh=args.refresh)
+    except RuntimeError as error:
+        raise UserError(str(error)) from None
+    if args.json:
+        print(json.dumps(limits.to_json()))
+    else:
+        print(_human(limits), file=sys.stderr)
+    return 0
+
+
+def _size(size: float) -> str:
+    return f"{size / MIB:g} MiB" if size >= MIB else f"{size / 1024:g} KiB"
+
+
+def _human(limits: MachineLimits) -> str:
+    lines = [
+        f"{limits.cpu}: {limits.isa} ({limits.fp32_lanes} FP32 lanes per FMA), "
+        f"{limits.cores} cores; measured {limits.measured_at} [{limits.fingerprint}]",
+        "memory bandwidth, GB/s (best of copy, triad and memcpy; working set of one array):",
+        "  " + "".join(f"{_size(size):>10}" for size, _ in limits.bandwidth["1"]),
+    ]
+    for threads, label in (("1", "1 thread"), ("all", "all cores")):
+        values = "".join(f"{gbs:>10.1f}" for _, gbs in limits.bandwidth[threads])
+        lines.append(f"  {values}  {label}")
+    lines.append(
+        f"numpy copying {_size(NUMPY_COPY_BYTES)} on one core: {limits.numpy_copy_gbs:.1f} GB/s"
+    )
+    peaks = limits.peak_gflops
+    lines.append(
+        f"peak FP32 (GEMM): {peaks['1']:.1f} GFLOP/s 1 thread, {peaks['all']:.1f} all cores"
+    )
+    if gpu := limits.gpu:
+        tflops = ", ".join(f"{k} {v} TFLOP/s" for k, v in gpu["peak_tflops"].items())
+        lines.append(f"GPU {gpu['name']} (sm {gpu['sm']}): {gpu['bandwidth_gbs']} GB/s, {tflops}")
+    lines.append("verdicts use the 1-thread limits (the timing policy: one thread per side)")
+    if limits.load > limits.cores / 2:
+        lines.append(
+            f"measured at a load average of {limits.load:g} on {limits.cores} cores: the numbers "
+            "may be low; `htam machine --refresh` on a quiet machine raises them"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the measuring child
+def _best_rate(run: Any, amount: float, min_s: float = 0.05, reps: int = 5) -> float:
+    """`amount` per second of the fastest of at least `reps` runs of `run()` (and at least
+    `min_s` of them in all)."""
+    best, spent, count = math.inf, 0.0, 0
+    run()  # first touch, warm caches
+    while count < reps or spent < min_s:
+        start = time.perf_counter()
+        run()
+        took = time.perf_counter() - start
+        best, spent, count = min(best, took), spent + took, count + 1
+    return amount / best
+
+
+def _arrays(torch: Any) -> tuple[Any, Any, Any]:
+    """Three float32 arrays of the curve's largest size, touched once: every point of the
+    curve (and numpy's copy) runs on a prefix of them."""
+    n = CURVE_BYTES[-1] // 4
+    return torch.full((n,), 1.0), torch.full((n,), 2.0), torch.full((n,), 3.0)
+
+
+def _bandwidth_curve(torch: Any, arrays: tuple[Any, Any, Any]) -> list[list[float]]:
+    """GB/s per working set: the best of torch's copy and triad and of memcpy (numpy's
+    copy: past the cache glibc stores around it, saving the read a plain store makes, so
+    a kernel with such stores can beat a plain copy by up to 1.5x)."""
+    import numpy as np
+
+    curve = []
+    for size in CURVE_BYTES:
+        a, b, c = (array[: size // 4] for array in arrays)
+        an, bn = a.numpy(), b.numpy()
+        copy = _best_rate(lambda a=a, b=b: b.copy_(a), 2 * size)
+        triad = _best_rate(lambda a=a, b=b, c=c: torch.add(b, c, alpha=3.0, out=a), 3 * size)
+        memcpy = _best_rate(lambda an=an, bn=bn: np.copyto(bn, an), 2 * size)
+        curve.append([size, round(max(copy, triad, memcpy) / 1e9, 3)])
+    return curve
+
+
+def _gemm_gflops(torch: Any, n: int) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    return _best_rate(lambda: torch.mm(a, b, out=out), 2.0 * n**3, min_s=0.1) / 1e9
+
+
+def _numpy_copy_gbs(arrays: tuple[Any, Any, Any]) -> float:
+    """numpy copying a 256 MiB array into another (numpy's own memcpy, one thread)."""
+    import numpy as np
+
+    n = NUMPY_COPY_BYTES // 4
+    a, b = arrays[0].numpy()[:n], arrays[1].numpy()[:n]
+    return round(_best_rate(lambda: np.copyto(b, a), 2 * NUMPY_COPY_BYTES) / 1e9, 3)
+
+
+def _gpu(torch: Any) -> dict[str, Any]:
+    """The first GPU: its properties, copy bandwidth and GEMM peaks (FP32 without TF32,
+    FP16 on tensor cores), timed with CUDA events."""
+    if not torch.cuda.is_available():
+        return {}
+    props = torch.cuda.get_device_properties(0)
+
+    def timed(run: Any, amount: float) -> float:
+        run()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        best = math.inf
+        for _ in range(10):
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3)
+        return amount / best
+
+    n = 256 * MIB
+    a, b = (
+        torch.empty(n, dtype=torch.uint8, device="cuda"),
+        torch.empty(n, dtype=torch.uint8, device="cuda"),
+    )
+    bandwidth = timed(lambda: b.copy_(a), 2 * n) / 1e9
+    torch.backends.cuda.matmul.allow_tf32 = False
+    peaks = {}
+    for name, dtype in (("fp32", torch.float32), ("fp16_tensor", torch.float16)):
+        x = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+        peaks[name] = round(timed(lambda x=x: torch.mm(x, x), 2.0 * 8192**3) / 1e12, 2)
+    return {
+        "name": props.name,
+        "sm": f"{props.major}.{props.minor}",
+        "multiprocessors": props.multi_processor_count,
+        "memory_gb": round(props.total_memory / 1e9, 1),
+        "bandwidth_gbs": round(bandwidth, 1),
+        "peak_tflops": peaks,
+    }
+
+
+def measure() -> dict[str, Any]:
+    """In the child: every limit, measured under the CPU timing lock."""
+    import torch
+
+    from htam_engine.evaluate.judge import timing_lock
+    from htam_engine.evaluate.process import quietest_core
+
+    model, isa, lanes = cpu_isa()
+    cores = sorted(os.sched_getaffinity(0))
+    found: dict[str, Any] = {"cpu": model, "isa": isa, "fp32_lanes": lanes, "cores": len(cores)}
+    with timing_lock("cpu"):
+        os.sched_setaffinity(0, {quietest_core()})
+        torch.set_num_threads(1)
+        arrays = _arrays(torch)
+        one = _bandwidth_curve(torch, arrays), _gemm_gflops(torch, GEMM_N["1"])
+        numpy_copy = _numpy_copy_gbs(arrays)
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(len(cores))
+        every = _bandwidth_curve(torch, arrays), _gemm_gflops(torch, GEMM_N["all"])
+        del arrays
+        gpu = _gpu(torch)
+    found["bandwidth"] = {"1": one[0], "all": every[0]}
+    found["peak_gflops"] = {"1": round(one[1], 3), "all": round(every[1], 3)}
+    found["numpy_copy_gbs"] = numpy_copy
+    found["gpu"] = gpu
+    found["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    found["load"] = round(os.getloadavg()[0], 2)
+    return found
+
+
+def _work(source: str) -> dict[str, Any]:
+    """In the child: the reference's work on meta tensors (nothing allocated)."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    from htam_engine.evaluate import common
+
+    folder = Path(tempfile.mkdtemp(prefix="htam-work-"))
+    try:
+        (folder / "reference.py").write_text(source)
+        with torch.device("meta"):
+            module = common.import_file("htam_reference_work", folder / "reference.py")
+            model = module.Model(*module.get_init_inputs())
+            return count_work(model, list(module.get_inputs()))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def count_work(model: Any, inputs: list[Any], device: Any = "meta") -> dict[str, int]:
+    """`model`'s work on `inputs` (one forward under `FlopCounterMode`, on `device`)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    moved = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        out = model(*moved)
+    outputs = list(out) if isinstance(out, tuple | list) else [out]
+    module_state = isinstance(model, torch.nn.Module)
+    state = [*model.parameters(), *model.buffers()] if module_state else []
+    return {
+        "inputs": _unique_bytes(torch, moved),
+        "outputs": _unique_bytes(torch, outputs),
+        "parameters": _unique_bytes(torch, state),
+        "flops": int(counter.get_total_flops()),
+    }
+
+
+def write_work(path: Path, model: Any, inputs: list[Any], device: Any) -> None:
+    """In the judge (trusted, already holding the reference and an input set): the work,
+    for the caller to read (`read_work`) without a process of its own. Nothing on failure."""
+    try:
+        path.write_text(json.dumps(count_work(model, inputs, device)))
+    except Exception:  # a forward the counter cannot follow: the caller counts on meta
+        return
+
+
+def read_work(path: Path) -> Work | None:
+    try:
+        return Work(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _unique_bytes(torch: Any, values: list[Any]) -> int:
+    """Bytes of the tensors in `values`, each distinct tensor once."""
+    seen: dict[int, int] = {}
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            seen[id(value)] = value.numel() * value.element_size()
+    return sum(seen.values())
+
+
+def _main(argv: list[str]) -> None:
+    try:
+        if argv[:1] == ["measure"]:
+            found = measure()
+        elif argv[:1] == ["work"]:
+            found = _work(sys.stdin.read())
+        else:
+            found = {"error": f"unknown command {argv}"}
+    except Exception as error:  # the caller gets one line, never a traceback to parse
+        found = {"error": f"{type(error).__name__}: {error}"[:500]}
+    print(json.dumps(found), flush=True)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
