@@ -59,7 +59,9 @@ class Runs:
         self.compile_errors: dict[str, CompileError] = {}  # uri -> where its code failed
 
     def start(self, doc: Document, unit: discovery.Unit, steps: int) -> dict[str, Any]:
-        """Create the job and return its id at once; the work happens in a background task."""
+        """Create the job and return its id at once; the work happens in a background task.
+        It optimizes the whole file, so it is named by the file's task wherever `unit` is."""
+        unit = discovery.task_unit(doc) or unit
         running = self.jobs.active(doc.uri)
         if running is not None:
             return {"jobId": running.id, "state": running.state, "alreadyRunning": True}
@@ -105,7 +107,9 @@ class Runs:
         return None
 
     def start_check(self, doc: Document, unit: discovery.Unit) -> dict[str, Any]:
-        """A compile check of a CUDA kernel with nvcc (`htam eval` where no GPU runs it)."""
+        """A compile check of a CUDA kernel with nvcc (`htam eval` where no GPU runs it): of
+        the whole file, so named by its task wherever `unit` is."""
+        unit = discovery.task_unit(doc) or unit
         job = self.jobs.create(doc.uri, unit.name, 0)
         why_not = self.check_refusal(doc)
         if why_not:

@@ -277,3 +277,25 @@ def test_the_hover_preview_follows_a_changed_memory(tmp_path: Path):
         assert after.revision != before.revision
         second = insight.preview(doc, unit, after)
     assert second is not first and second[1] != first[1]
+
+
+def test_the_engines_report_gives_one_number_per_question():
+    """The issue's report: step 1 "3.94x vs start" next to its duel 7.77x (95 % 2.54-23.78)
+    and a best of 7.77x; step 2 "8.46x vs start" refused. Now the paired number answers
+    "how much faster than the start", and a ratio is shown only as a labelled estimate."""
+    from htam_engine.loop import RunResult
+    from htam_engine.report import markdown_report, versus_start
+
+    def stepped(n: int, status: str, estimate: float, duel: Duel) -> events.Step:
+        verdict = Verdict(compiled=True, correct=True, speedup=estimate / 2, runtime_ms=1.0)
+        return events.Step(n, "g", f"l{n}", "", status, 0.1, estimate, verdict=verdict,
+                           versus_best=duel)  # fmt: skip
+
+    first = stepped(1, "improved", 3.94, Duel(7.77, 2.54, 23.78, confirmed=True))
+    second = stepped(2, "not_improved", 8.46, Duel(0.9, 0.7, 1.2, confirmed=False))
+    run = RunResult("r", "softmax", "cpu", "offline", None, [first, second], best_step=1,
+                    best_over_start=7.77, best_interval=(2.54, 23.78))  # fmt: skip
+    assert versus_start(run) == ["7.77x (95 % 2.54-23.78)", "est. 8.46x"]
+    report = markdown_report(run)
+    assert "| 3.94x |" not in report and "| 8.46x |" not in report, report
+    assert "best (step 1): 7.77x (95 % 2.54-23.78) over the start" in report

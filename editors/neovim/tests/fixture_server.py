@@ -120,7 +120,8 @@ def code_lens(ls: LanguageServer, params: types.CodeLensParams) -> list[types.Co
     running = state["running"].get(params.text_document.uri)
     title = f"HTAM: {running} (cancel)" if running else "Optimize with HTAM"
     where = types.Range(types.Position(2, 6), types.Position(2, 14))
-    return [types.CodeLens(where, types.Command(title, "htam.cancel" if running else "htam.nextStep"))]
+    command = types.Command(title, "htam.cancel" if running else "htam.nextStep")
+    return [types.CodeLens(where, command)]
 
 
 @server.feature(
