@@ -644,6 +644,8 @@ def test_compile_check_blames_your_line_and_an_interpreter_change_is_one_plain_m
     vscode.wait_status(IDLE, STARTUP_S)
     vscode.open_kernel(CUDA_FILE)
     vscode.page.locator(".codelens-decoration", has_text="Optimize with HTAM").first.wait_for()
+    # Requests sent to the server that trust restarted are logged, not a stack-trace toast.
+    assert "Starting server failed" not in vscode.notifications(), vscode.notifications()
     line = next(i for i, text in enumerate(cuda.read_text().splitlines(), 1) if "fmaxf" in text)
     vscode.page.keyboard.press("Control+G")
     vscode.page.keyboard.type(f"{line}:10")
@@ -671,6 +673,19 @@ def test_compile_check_blames_your_line_and_an_interpreter_change_is_one_plain_m
     problem = vscode.page.locator(".markers-panel", has_text="nvcc rejects this line")
     problem.first.wait_for()
     vscode.shot("compile-check-problem")
+
+    # The explanation opens beside the kernel, which keeps the focus: typing edits it.
+    vscode.page.keyboard.press("Control+Shift+M")  # the Problems view closes again
+    vscode.page.locator(".monaco-editor .view-lines").first.click()
+    vscode.palette("HTAM: Explain Kernel")
+    vscode.wait_preview("HTAM:")
+    time.sleep(2)  # a preview that takes the focus has taken it by now
+    vscode.page.keyboard.type("# focus stayed here\n")
+    vscode.page.locator(".view-lines", has_text="# focus stayed here").first.wait_for(
+        timeout=10_000
+    )
+    vscode.shot("explain-beside-kernel-keeps-focus")
+    vscode.page.keyboard.press("Control+Z")
 
     vscode.palette("Notifications: Clear All Notifications")
     missing = vscode.folder / "no-such-venv" / "bin" / "python3"

@@ -7,6 +7,7 @@ import {
   ExecuteCommandRequest,
   LanguageClient,
   type LanguageClientOptions,
+  RevealOutputChannelOn,
   type ServerOptions,
   type StaticFeature,
 } from "vscode-languageclient/node";
@@ -262,6 +263,10 @@ class Htam implements vscode.Disposable {
     return {
       documentSelector: DOCUMENTS,
       outputChannel: this.log,
+      // A request that fails (one sent to a client being restarted: "Starting server
+      // failed") goes to the log, not to a stack-trace toast; the server's own messages,
+      // the job notifications and a crash ("force") still reach the user.
+      revealOutputChannelOn: RevealOutputChannelOn.Never,
       // Our own one-line message (with what to do) instead of the client's stack trace.
       initializationFailedHandler: (error) => {
         this.log.error(`htam-lsp did not initialize: ${String(error)}`);
