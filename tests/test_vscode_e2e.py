@@ -672,7 +672,7 @@ def test_compile_check_blames_your_line_and_an_interpreter_change_is_one_plain_m
     vscode.page.keyboard.press("Control+Shift+M")  # the Problems view
     problem = vscode.page.locator(".markers-panel", has_text="nvcc rejects this line")
     problem.first.wait_for()
-    vscode.shot("compile-check-problem")
+    vscode.shot("compile-check-problem", keep="vscode-compile-check-problem")
 
     # The explanation opens beside the kernel, which keeps the focus: typing edits it.
     vscode.page.keyboard.press("Control+Shift+M")  # the Problems view closes again
@@ -684,7 +684,7 @@ def test_compile_check_blames_your_line_and_an_interpreter_change_is_one_plain_m
     vscode.page.locator(".view-lines", has_text="# focus stayed here").first.wait_for(
         timeout=10_000
     )
-    vscode.shot("explain-beside-kernel-keeps-focus")
+    vscode.shot("explain-beside-kernel-keeps-focus", keep="vscode-explain-keeps-focus")
     vscode.page.keyboard.press("Control+Z")
 
     vscode.palette("Notifications: Clear All Notifications")
@@ -695,7 +695,7 @@ def test_compile_check_blames_your_line_and_an_interpreter_change_is_one_plain_m
     toast.first.wait_for()
     time.sleep(2)  # any other toast of the change is up by now
     said = vscode.notifications()
-    vscode.shot("interpreter-changed")
+    vscode.shot("interpreter-changed", keep="vscode-interpreter-changed")
     assert "Sending notification" not in said and "Starting server failed" not in said, said
     assert not re.search(r"^\s*at \S+", said, re.MULTILINE), said
     assert f"{missing} -m pip" not in said and " -m pip install htam" in said, said
