@@ -27,8 +27,7 @@ def markdown_report(result: RunResult) -> str:
         "",
         f"- backend: {result.backend}; provider: {result.provider}; stopped: {result.stopped}",
         f"- starting implementation: {format_speedup(result.start_ref_speedup)} vs PyTorch",
-        f"- best (step {result.best_step}): "
-        f"{format_bounded(result.best_speedup, result.best_interval)} over the start, "
+        f"- best (step {result.best_step}): {_best_over_start(result)} over the start, "
         f"{format_speedup(result.best_ref_speedup)} vs PyTorch",
         *_light_lines(result),
         "",
@@ -36,12 +35,12 @@ def markdown_report(result: RunResult) -> str:
         "| vs PyTorch | of roofline | runtime ms |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for s in result.steps:
+    for s, over_start in zip(result.steps, versus_start(result), strict=True):
         runtime = s.verdict.runtime_ms
         shown = "-" if runtime is None else f"{runtime:.3f}"
         lines.append(
             f"| {s.step} | {s.global_id} | {s.local_id} | {s.reason.replace('|', '/')} "
-            f"| {s.status} | {format_speedup(s.speedup)} | {format_duel(s.versus_best)} "
+            f"| {s.status} | {over_start} | {format_duel(s.versus_best)} "
             f"| {format_interval(s.verdict)} | {format_roofline(s.verdict)} | {shown} |"
         )
     return "\n".join([*lines, *phase_lines(result)]) + "\n"
@@ -111,6 +110,31 @@ def format_compile(verdict: Verdict) -> str:
         return "-"
     bounds = format_bounds((base["low"], base["high"]))
     return f"{format_speedup(base['speedup'])} ({bounds}; compiled in {base['compile_s']:.0f} s)"
+
+
+def versus_start(result: RunResult) -> list[str]:
+    """Each step's speedup over the start, one number a step: timed in pairs where the
+    engine did that (its duel while the start was still the best, or the run's best
+    re-timed against the start), else the ratio of two speedups over PyTorch, labelled
+    as the estimate it is (`est. 3.94x`)."""
+    cells, start_is_best = [], True
+    for s in result.steps:
+        duel = s.versus_best
+        if s.step == result.best_step and result.best_interval and result.best_over_start:
+            cells.append(format_bounded(result.best_over_start, result.best_interval))
+        elif start_is_best and duel is not None and duel.speedup is not None:
+            cells.append(format_bounded(duel.speedup, duel.bounds))
+        else:
+            cells.append("-" if s.speedup is None else f"est. {format_speedup(s.speedup)}")
+        start_is_best = start_is_best and s.status != "improved"
+    return cells
+
+
+def _best_over_start(result: RunResult) -> str:
+    """The run's best over its start: in pairs where timed so, else labelled an estimate."""
+    if result.best_interval or result.best_speedup is None or result.best_step == 0:
+        return format_bounded(result.best_speedup, result.best_interval)
+    return f"est. {format_speedup(result.best_speedup)}"
 
 
 def plot_speedups(result: RunResult, path: Path) -> None:

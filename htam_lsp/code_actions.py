@@ -137,6 +137,7 @@ def _workspace_edit(
 def run_actions(ls: HtamServer, doc: Document, unit: Unit) -> list[t.CodeAction]:
     """Run the next step; or, where the client shows them, why strategies cannot run."""
     reasons = blocked_reasons(ls, doc)
+    task = (discovery.task_unit(doc) or unit).name  # a job works on the whole file
     found = []
     argument = {
         "uri": doc.uri,
@@ -145,7 +146,7 @@ def run_actions(ls: HtamServer, doc: Document, unit: Unit) -> list[t.CodeAction]
     if not reasons.get("all"):
         found.append(
             t.CodeAction(
-                title=f"HTAM: run the next optimization step on {unit.name}",
+                title=f"HTAM: run the next optimization step on {task}",
                 kind=ACTION_KIND,
                 command=t.Command("HTAM: next step", "htam.nextStep", arguments=[argument]),
             )
@@ -153,7 +154,7 @@ def run_actions(ls: HtamServer, doc: Document, unit: Unit) -> list[t.CodeAction]
     elif reasons.get("check"):
         found.append(
             t.CodeAction(
-                title=f"HTAM: compile-check {unit.name} with nvcc ({reasons['check']})",
+                title=f"HTAM: compile-check {task} with nvcc ({reasons['check']})",
                 kind=f"{ACTION_KIND}.check",
                 command=t.Command("HTAM: compile check", "htam.compileCheck", arguments=[argument]),
             )

@@ -40,8 +40,12 @@ def unit_at(doc: Document, offset: int) -> Unit | None:
     """The innermost kernel unit around a byte offset; else the document's model class,
     else its first kernel (commands sent without a position act on the whole task)."""
     around = kernel_around(doc, offset)
-    if around is not None:
-        return around
+    return around if around is not None else task_unit(doc)
+
+
+def task_unit(doc: Document) -> Unit | None:
+    """The unit that names the document's task: its model class, else its first kernel. A
+    job optimizes the whole file, so it is named by this wherever the cursor was."""
     kernels = [u for u in units(doc) if u.is_kernel]
     candidates = [u for u in kernels if u.kind == "model"] or kernels
     return candidates[0] if candidates else None

@@ -50,7 +50,7 @@ class Job:
     step: int = 0
     phase: str = ""
     message: str = ""
-    best_speedup: float | None = None
+    best_speedup: float | None = None  # of the best apply action offered when it ended
     ref_speedup: float | None = None
     suggestions: int = 0  # apply actions offered for the kernel when the job ended
     pid: int | None = None
@@ -58,6 +58,7 @@ class Job:
     steps_done: int = 0
     last: events.Result | events.Failed | None = None  # the engine's own ending
     records: list[int] = field(default_factory=list)  # the numbers of its step records
+    incumbent: int = 0  # the record of its best so far, which duels are timed against
     excluded: tuple[str, ...] = ()  # strategies that failed on this code in earlier jobs
     task: asyncio.Task[None] | None = None
 
@@ -223,7 +224,7 @@ def ending(job: Job, code: int, tail: str) -> tuple[str, str]:
     last = job.last
     if job.cancel_requested:
         kept = f"; {job.steps_done} finished step(s) kept" if job.steps_done else ""
-        return "cancelled", f"cancelled; the worker was stopped{kept}"
+        return "cancelled", f"the worker was stopped{kept}"
     if isinstance(last, events.Failed):
         return "failed", last.message
     if isinstance(last, events.Result):

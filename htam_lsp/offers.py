@@ -37,14 +37,17 @@ def applied_text(doc: Document, suggestion: sg.Suggestion) -> str:
 
 def suggestion_facts(record: sg.StepRecord) -> dict[str, Any]:
     """The machine-readable facts of a suggestion (`CodeAction.data`)."""
-    step = record.step
+    step, claim = record.step, record.claim
     return {
         "n": record.n,
         "globalId": step.global_id,
         "localId": step.local_id,
-        "speedup": record.speedup,
-        "speedupLow": record.low,
-        "speedupHigh": record.high,
+        "confirmed": record.confirmed,  # the engine's word, timed in pairs
+        "versus": claim.versus if claim else None,  # 0: your code; N: candidate #N
+        "speedup": claim.speedup if claim else None,
+        "speedupLow": claim.low if claim else None,
+        "speedupHigh": claim.high if claim else None,
+        "estimate": record.estimate,  # the ratio over PyTorch's: never timed in pairs
         "refSpeedup": step.ref_speedup,
         "startMs": record.start_ms,
         "runtimeMs": record.runtime_ms,

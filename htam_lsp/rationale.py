@@ -36,8 +36,7 @@ def explain(ls: HtamServer, doc: Document, unit: Unit) -> str:
 
 def notes(ls: HtamServer, graph: Graph, offer: sg.Offer) -> list[str]:
     notes = [
-        f"Applied: {render.move(graph, r.step)}, measured {render.gain_text(r)}"
-        for r in offer.applied[-1:]
+        f"Applied: {render.move(graph, r.step)}: {render.gain_text(r)}" for r in offer.applied[-1:]
     ]
     if offer.dropped:
         notes.append(

@@ -34,34 +34,58 @@ def _ms(value: float | None) -> str:
     return "?" if value is None else f"{value:.3g}"
 
 
-NO_INTERVAL = "no interval"
-
-
 def interval_text(record: StepRecord) -> str:
-    """`1.46x (95 % 1.41-1.52)` by the engine's one formatter, or `1.46x (no interval)`
-    where the engine gave no bounds (then the threshold judges the estimate)."""
-    bounds, speedup = record.bounds, record.speedup
-    if bounds is None or speedup is None:
-        return f"{format_speedup(speedup)} ({NO_INTERVAL})"
-    return format_bounded(speedup, bounds)
+    """The engine's paired claim by its one formatter, naming what it was timed against:
+    `1.46x (95 % 1.41-1.52)` against the code its job started from, `1.20x (95 %
+    1.10-1.31) vs #3` against an earlier candidate; a step never timed in pairs gives its
+    estimate, labelled: `est. 1.39x`."""
+    claim = record.claim
+    if claim is None:
+        return f"est. {format_speedup(record.estimate)}"
+    text = format_bounded(claim.speedup, claim.bounds)
+    return text if claim.versus == 0 else f"{text} vs #{claim.versus}"
 
 
 def gain_text(record: StepRecord) -> str:
-    """`1.46x faster than your code (95 % 1.41-1.52; 0.42 -> 0.29 ms; PyTorch 0.25 ms)`."""
-    bounds = format_bounds(record.bounds) if record.bounds is not None else NO_INTERVAL
-    times = f"{_ms(record.start_ms)} -> {_ms(record.runtime_ms)} ms"
-    if record.ref_ms is not None:
-        times += f"; PyTorch {_ms(record.ref_ms)} ms"
+    """What a confirmed candidate gains: `1.46x faster than your code (95 % 1.41-1.52;
+    0.42 -> 0.29 ms; PyTorch 0.25 ms)`, in pairs against the code its job started from,
+    or against the best so far (itself confirmed faster), the other only estimated. For
+    anything else, what the engine said instead."""
+    claim = record.claim
+    if claim is None or not claim.confirmed:
+        return unconfirmed_text(record)
+    ref = f"; PyTorch {_ms(record.ref_ms)} ms" if record.ref_ms is not None else ""
+    bounds = format_bounds(claim.bounds)
     light = describe(record.step.verdict.roofline, short=True)  # "at 61 % of this core's ..."
-    text = f"{format_speedup(record.speedup)} faster than your code ({bounds}; {times})"
-    return f"{text}, {light}" if light else text
+    light = f", {light}" if light else ""
+    if claim.versus == 0:
+        times = f"{_ms(record.start_ms)} -> {_ms(record.runtime_ms)} ms"
+        return (
+            f"{format_speedup(claim.speedup)} faster than your code ({bounds}; {times}{ref})"
+            + light
+        )
+    return (
+        f"{format_speedup(claim.speedup)} faster than #{claim.versus}, which beat your code "
+        f"({bounds}, in pairs; est. {format_speedup(record.estimate)} over your code{ref})" + light
+    )
+
+
+def unconfirmed_text(record: StepRecord) -> str:
+    """`not confirmed faster: 0.96x (95 % 0.64-1.42) vs your code, in pairs (est.
+    1.39x)`, or, for a step never timed in pairs, `not timed in pairs (est. 1.39x)`."""
+    claim, estimate = record.claim, f"est. {format_speedup(record.estimate)}"
+    if claim is None:
+        return f"not timed in pairs ({estimate})"
+    against = "your code" if claim.versus == 0 else f"#{claim.versus}"
+    said = format_bounded(claim.speedup, claim.bounds)
+    return f"not confirmed faster: {said} vs {against}, in pairs ({estimate})"
 
 
 def below_text(record: StepRecord, threshold: float) -> str:
-    """Why a measured candidate is not offered: `best 1.15x (95 % 1.02-1.30): its lower
-    bound is under 1.10x`, or `best 1.05x (no interval): under 1.10x`."""
-    if record.bounds is None:
-        return f"best {interval_text(record)}: under {format_speedup(threshold)}"
+    """Why a measured candidate is not offered: `best 1.15x (95 % 1.02-1.30): the lower
+    bound of its 95 % interval is under 1.10x`, or that the engine did not confirm it."""
+    if not record.confirmed:
+        return f"best {unconfirmed_text(record)}"
     return (
         f"best {interval_text(record)}: the lower bound of its 95 % interval is under "
         f"{format_speedup(threshold)}"
@@ -98,8 +122,13 @@ def best_lens_title(
 
 
 def best_slower(records: Sequence[StepRecord]) -> StepRecord | None:
-    """The measured candidate that came closest to being offered."""
-    return max(records, key=lambda r: (r.judged or 0.0, r.speedup or 0.0), default=None)
+    """The measured candidate that came closest to being offered: confirmed ones first,
+    then by the engine's paired number, then by the estimate."""
+
+    def closeness(r: StepRecord) -> tuple[bool, float, float]:
+        return r.confirmed, r.claim.speedup if r.claim else 0.0, r.estimate or 0.0
+
+    return max(records, key=closeness, default=None)
 
 
 def _cell(text: Any) -> str:
@@ -191,14 +220,20 @@ def history_table(graph: Graph, history: Sequence[StepRecord], last: int = 10) -
     for record in history[-last:]:
         step = record.step
         when = datetime.fromtimestamp(record.time).strftime("%m-%d %H:%M")
-        gain = format_speedup(record.speedup if step.correct else None)
-        if step.correct and record.bounds is not None:
-            gain = interval_text(record)
+        gain = _versus_start(record) if step.correct else format_speedup(None)
         lines.append(
             f"| {record.n} | {when} | {_cell(move(graph, step))} | {_cell(outcome(step))} "
             f"| {gain} | {format_duel(step.versus_best)} | {format_speedup(step.ref_speedup)} |"
         )
     return lines
+
+
+def _versus_start(record: StepRecord) -> str:
+    """The history's "vs your code": the paired number where the engine timed it against
+    the start, else the estimate, labelled."""
+    if record.paired and record.claim is not None:
+        return format_bounded(record.claim.speedup, record.claim.bounds)
+    return "-" if record.estimate is None else f"est. {format_speedup(record.estimate)}"
 
 
 def unified_diff(current: str, suggested: str, name: str) -> list[str]:
@@ -269,11 +304,16 @@ def results_markdown(graph: Graph, parts: ResultsParts, notes: Sequence[str]) ->
     """Every measured step of the kernel, what can be applied now, and the plot."""
     steps = parts.history
     correct = [r for r in steps if r.step.correct]
-    best = max((r.speedup or 0.0 for r in correct), default=None)
+    confirmed = [r for r in correct if r.confirmed and r.paired and r.claim is not None]
+    best = max(confirmed, key=lambda r: r.claim.low if r.claim else 0.0, default=None)
+    said = (
+        f"best {interval_text(best)} over the code it started from, in pairs"
+        if best
+        else ("none confirmed faster than the code it started from")
+    )
     lines = [f"### HTAM results: `{parts.kernel}`", ""]
     lines.append(
-        f"{len(steps)} step(s), {len(correct)} correct, best {format_speedup(best)} over "
-        "the code it started from."
+        f"{len(steps)} step(s), {len(correct)} correct; {said}."
         if steps
         else "No step has run on this kernel yet."
     )

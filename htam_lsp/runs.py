@@ -25,6 +25,7 @@ from htam_engine.evaluate.verdict import Verdict
 from htam_engine.report import format_speedup
 from htam_lsp import discovery, insight, render, status
 from htam_lsp import suggestions as sg
+from htam_lsp.diagnostics import CompileError, compiler_words
 from htam_lsp.documents import Document, uri_path
 from htam_lsp.jobs import Job, JobManager, eval_argv, optimize_argv
 
@@ -55,10 +56,12 @@ class Runs:
         self.ls = ls
         self.jobs = JobManager()
         self.provider: events.Start | None = None  # the last worker's own word
-        self.compile_errors: dict[str, tuple[str, int, str]] = {}  # uri -> (source, line, msg)
+        self.compile_errors: dict[str, CompileError] = {}  # uri -> where its code failed
 
     def start(self, doc: Document, unit: discovery.Unit, steps: int) -> dict[str, Any]:
-        """Create the job and return its id at once; the work happens in a background task."""
+        """Create the job and return its id at once; the work happens in a background task.
+        It optimizes the whole file, so it is named by the file's task wherever `unit` is."""
+        unit = discovery.task_unit(doc) or unit
         running = self.jobs.active(doc.uri)
         if running is not None:
             return {"jobId": running.id, "state": running.state, "alreadyRunning": True}
@@ -104,7 +107,9 @@ class Runs:
         return None
 
     def start_check(self, doc: Document, unit: discovery.Unit) -> dict[str, Any]:
-        """A compile check of a CUDA kernel with nvcc (`htam eval` where no GPU runs it)."""
+        """A compile check of a CUDA kernel with nvcc (`htam eval` where no GPU runs it): of
+        the whole file, so named by its task wherever `unit` is."""
+        unit = discovery.task_unit(doc) or unit
         job = self.jobs.create(doc.uri, unit.name, 0)
         why_not = self.check_refusal(doc)
         if why_not:
@@ -112,6 +117,7 @@ class Runs:
             self.ls.publish_job(job)
             return {"jobId": job.id, "state": job.state, "message": why_not}
         self.ls.publish_job(job)
+        self.ls.refresh_lenses()  # the kernel's lens shows the check running
         job.task = asyncio.create_task(self.check(job, doc.data, uri_path(doc.uri) or ""))
         return {"jobId": job.id, "state": job.state}
 
@@ -139,6 +145,7 @@ class Runs:
         finally:
             buffer.unlink(missing_ok=True)
         self.ls.publish_job(job)
+        self.ls.refresh_lenses()  # the "running (cancel)" lens is over
         self.ls.schedule_diagnostics(job.uri)
 
     async def run(self, job: Job, data: bytes, begun: Start, task_path: str) -> None:
@@ -158,6 +165,7 @@ class Runs:
             )
             job.state = "running"
             self.ls.publish_job(job)
+            self.ls.refresh_lenses()  # the kernel's lens shows the job running
             await self.jobs.run(job, argv, functools.partial(self.on_event, begun=begun))
             if job.state == "done":
                 job.message = self.summary(job)
@@ -183,6 +191,7 @@ class Runs:
         job.suggestions = len(offer.suggestions)
         stopped = "" if not isinstance(job.last, events.Result) else job.last.stopped
         tail = "" if stopped in ("", "completed") else f" (stopped: {stopped})"
+        job.best_speedup = offer.suggestions[0].record.speedup if offer.suggestions else None
         if offer.suggestions:
             best = offer.suggestions[0].record
             return f"best {render.gain_text(best)}; apply it from the code actions{tail}"
@@ -235,7 +244,7 @@ class Runs:
             elif isinstance(event, events.Step):
                 self._on_step(job, event, begun)
             elif isinstance(event, events.Result):
-                job.best_speedup, job.ref_speedup = event.best_speedup, event.ref_speedup
+                job.ref_speedup = event.ref_speedup
                 self._on_result(job, event)
         except Exception:  # a bad event must not end the job's reading
             log.exception("job %s: could not handle a %s event", job.id, event.kind)
@@ -247,6 +256,7 @@ class Runs:
         move = f"{event.global_id} -> {event.local_id}".strip(" ->")
         where = f"step {job.step}/{job.steps}" if job.step else "measuring the starting code"
         job.message = f"{where}: {job.phase} {move}".strip() + _left_text(event.left_s)
+        self.ls.refresh_lenses()  # the running lens says the phase too
         if job.token in self.ls.work_done_progress.tokens:
             done = PHASES.index(job.phase) if job.phase in PHASES else 0
             percentage = int(100 * (max(job.step - 1, 0) + done / len(PHASES)) / job.steps)
@@ -255,20 +265,27 @@ class Runs:
             )
 
     def _on_result(self, job: Job, result: events.Result) -> None:
-        """The run's interval: each of its timed steps gets its 95 % bounds over the start."""
+        """The run's last word: its best step, re-timed in pairs against the start."""
         mine = [r for r in self.ls.records.history(job.uri) if r.n in job.records]
-        bounds = sg.run_bounds(result, mine)
-        if bounds:
-            self.ls.records.bound(job.uri, bounds)
+        claims = sg.run_claims(result, mine)
+        if claims:
+            self.ls.records.confirm(job.uri, claims)
             self.ls.refresh_lenses()
 
     def _on_step(self, job: Job, step: events.Step, begun: Start) -> None:
+        """Record the step with the claim of its duel, which was timed against the run's
+        best so far: the start until a step improved on it (the engine's own rule)."""
         anchor = sg.anchor(begun.text, step.source, begun.kernels) if step.correct else None
-        self.ls.records.add(job.uri, step, anchor, begun.hash)
-        job.records.append(self.ls.records.history(job.uri)[-1].n)
+        self.ls.records.add(job.uri, step, anchor, begun.hash, versus=job.incumbent)
+        number = self.ls.records.history(job.uri)[-1].n
+        job.records.append(number)
+        if step.status == "improved":
+            job.incumbent = number
         error = step.error
         if not step.compiled and error is not None and error.line is not None:
-            self.compile_errors[job.uri] = (step.source, error.line, error.message)
+            self.compile_errors[job.uri] = CompileError(
+                step.source, error.line, error.message, yours=False
+            )
         elif step.compiled:
             self.compile_errors.pop(job.uri, None)
         self.ls.forget_graphs()
@@ -280,7 +297,7 @@ def _checked(
     runs: Runs, job: Job, code: int, out: bytes, tail: str, data: bytes
 ) -> tuple[str, str]:
     if job.cancel_requested:
-        return "cancelled", "cancelled; the compile check was stopped"
+        return "cancelled", "the compile check was stopped"
     verdict = _verdict(out)
     if verdict is None:
         lines = tail.strip().splitlines()
@@ -292,12 +309,15 @@ def _checked(
     if verdict.compiled:
         runs.compile_errors.pop(job.uri, None)
         return "done", f"it compiles: {(error.message if error else '') or 'no error'}"
-    if error is not None and error.line is not None:
-        source = data.decode("utf-8", "replace")
-        runs.compile_errors[job.uri] = (source, error.line, error.message)
-    said = ((error.message if error else "") or "the compile check failed").strip().splitlines()
-    kind = error.kind if error else "compile_error"
-    return "failed", f"{kind}: {': '.join(said[:2])}"
+    if error is None or error.kind != "compile_error":
+        lines = (error.message if error else "").strip().splitlines() or ["no verdict"]
+        return "failed", f"{error.kind if error else 'failed'}: {lines[0]}"
+    said, name = compiler_words(error.message), Path(uri_path(job.uri) or job.uri).name
+    if error.line is None:
+        return "failed", f"{name} does not compile with nvcc: {said}"
+    source = data.decode("utf-8", "replace")
+    runs.compile_errors[job.uri] = CompileError(source, error.line, error.message, yours=True)
+    return "failed", f"{name} line {error.line} does not compile with nvcc: {said}"
 
 
 def _verdict(out: bytes) -> Verdict | None:

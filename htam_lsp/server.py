@@ -378,8 +378,12 @@ def _kind_matches(kind: str | None, wanted: str) -> bool:
 @guarded()
 def code_action_resolve(ls: HtamServer, action: t.CodeAction) -> t.CodeAction:
     """The edit of a suggestion against the text as it is now: edits elsewhere in the
-    file since the action was listed are fine; an edit of the kernel is refused."""
+    file since the action was listed are fine; an edit of the kernel is refused. Other
+    actions (a command such as the compile check, a quick fix with its edit) are complete
+    as listed: a client may still ask to resolve them, and gets them back unchanged."""
     data = action.data if isinstance(action.data, dict) else {}
+    if "n" not in data:
+        return action
     doc = ls.document(data.get("uri"))
     try:
         action.edit = code_actions.suggestion_edit(ls, doc, data)

@@ -9,11 +9,13 @@ the starting buffer the candidate changes, widened to the kernels it touches. A
 suggestion is offered while the document still holds that text exactly once, so edits
 elsewhere in the file keep it; an edit of the kernel itself drops it (and hover says so).
 
-A record also keeps the engine's paired measurement of its speedup over the code its job
-started from, with its 95 % bounds (the run's `Result`, for its best step): a suggestion
-with bounds is offered only when the lower bound clears the threshold. And it keeps a
-hash of that starting code, so that a strategy that failed on this code in one job is
-excluded from the next (`failed_strategies`).
+A record also keeps the engine's word on the step, its `Claim`: whether the engine
+confirmed the candidate faster, by which comparison (timed in pairs against the code its
+job started from, or against the best so far) and with which 95 % interval. Only a
+confirmed claim whose lower bound clears the threshold is ever offered as an apply
+action; the ratio of two speedups over PyTorch is shown only as a labelled estimate.
+And it keeps a hash of that starting code, so that a strategy that failed on this code
+in one job is excluded from the next (`failed_strategies`).
 """
 
 from __future__ import annotations
@@ -59,6 +61,54 @@ class Anchor:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """The engine's word on a candidate, timed in pairs: `speedup` over the code it was
+    compared with (`versus`: 0 = the code its job started from, else the record number of
+    the best so far then, itself confirmed faster), its 95 % bounds, and whether the
+    engine confirmed the win (the step's duel, or the run's best re-timed against its
+    start)."""
+
+    confirmed: bool
+    versus: int
+    speedup: float
+    low: float
+    high: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "confirmed": self.confirmed,
+            "versus": self.versus,
+            "speedup": self.speedup,
+            "low": self.low,
+            "high": self.high,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Claim | None:
+        if not isinstance(data, dict):
+            return None
+        numbers = [_number(data.get(k)) for k in ("speedup", "low", "high")]
+        if any(n is None for n in numbers):
+            return None
+        speedup, low, high = (float(n or 0.0) for n in numbers)
+        return cls(bool(data.get("confirmed")), int(data.get("versus") or 0), speedup, low, high)
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return self.low, self.high
+
+
+def duel_claim(step: events.Step, versus: int) -> Claim | None:
+    """The claim of a step's own duel against the best so far (record `versus`, 0: the
+    start), or None where it had none or the duel gave no timing."""
+    duel = step.versus_best
+    if duel is None or duel.speedup is None or duel.bounds is None:
+        return None
+    low, high = duel.bounds
+    return Claim(duel.confirmed, versus, duel.speedup, low, high)
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """One finished step of a kernel's history, as the editor keeps it."""
 
@@ -67,9 +117,7 @@ class StepRecord:
     time: float
     anchor: Anchor | None = None  # set for a correct candidate that changes something
     start: str = ""  # `text_hash` of the code its job started from
-    paired: float | None = None  # the speedup over the start timed in pairs (the Result's)
-    low: float | None = None  # its 95 % bounds (None: no interval)
-    high: float | None = None
+    claim: Claim | None = None  # the engine's word, timed in pairs (None: never paired)
 
     def to_json(self) -> dict[str, Any]:
         anchor = {"old": self.anchor.old, "new": self.anchor.new} if self.anchor else None
@@ -78,9 +126,7 @@ class StepRecord:
             "time": self.time,
             "anchor": anchor,
             "start": self.start,
-            "paired": self.paired,
-            "low": self.low,
-            "high": self.high,
+            "claim": self.claim.to_json() if self.claim else None,
             "event": events.to_json(self.step),
         }
 
@@ -93,9 +139,9 @@ class StepRecord:
             anchor = Anchor(str(raw["old"]), str(raw["new"])) if raw else None
             if not isinstance(step, events.Step):
                 raise events.EventError("not a step event")
-            paired, low, high = (_number(data.get(k)) for k in ("paired", "low", "high"))
             start = str(data.get("start") or "")
-            return cls(int(data["n"]), step, float(data["time"]), anchor, start, paired, low, high)
+            claim = Claim.from_json(data.get("claim")) or _legacy_claim(data)
+            return cls(int(data["n"]), step, float(data["time"]), anchor, start, claim)
         except (KeyError, TypeError, ValueError) as error:
             log.info("skipped an HTAM step record this version cannot read: %s", error)
             return None
@@ -103,23 +149,37 @@ class StepRecord:
     # --- the verdict's numbers ----------------------------------------------------------
 
     @property
+    def confirmed(self) -> bool:
+        """The engine confirmed the candidate faster, timed in pairs."""
+        return self.claim is not None and self.claim.confirmed
+
+    @property
+    def paired(self) -> bool:
+        """`speedup` was timed in pairs against the code its job started from."""
+        return self.claim is not None and self.claim.versus == 0
+
+    @property
+    def estimate(self) -> float | None:
+        """The ratio of the candidate's and the start's speedups over PyTorch: never
+        timed against each other, so only ever shown as an estimate."""
+        return self.step.speedup
+
+    @property
     def speedup(self) -> float | None:
-        """Over the code its job started from: timed in pairs against it where the engine
-        did (the run's best), else the ratio of the two speedups over PyTorch."""
-        return self.paired if self.paired is not None else self.step.speedup
+        """Over the code its job started from: timed in pairs where the engine did (see
+        `paired`), else the estimate."""
+        return self.claim.speedup if self.claim and self.paired else self.estimate
 
     @property
     def bounds(self) -> tuple[float, float] | None:
-        """The 95 % interval of `speedup`, when the engine gave one."""
-        if self.low is None or self.high is None or self.speedup is None:
-            return None
-        return self.low, self.high
+        """The 95 % interval of `speedup`, where it was timed in pairs."""
+        return self.claim.bounds if self.claim and self.paired else None
 
     @property
     def judged(self) -> float | None:
-        """What the threshold is compared with: the lower bound, else the estimate."""
-        bounds = self.bounds
-        return bounds[0] if bounds is not None else self.speedup
+        """What the threshold is compared with: the lower bound of a confirmed claim;
+        None for anything the engine did not confirm (never offered)."""
+        return self.claim.low if self.claim and self.claim.confirmed else None
 
     @property
     def failed(self) -> bool:
@@ -161,6 +221,15 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _legacy_claim(data: dict[str, Any]) -> Claim | None:
+    """A record of an earlier version: `paired`, `low`, `high` were the run's best re-timed
+    against its start (confirmed); without them nothing was confirmed."""
+    paired, low, high = (_number(data.get(k)) for k in ("paired", "low", "high"))
+    if paired is None or low is None or high is None:
+        return None
+    return Claim(True, 0, paired, low, high)
+
+
 def text_hash(text: str) -> str:
     """A short content hash of a buffer (what `StepRecord.start` holds)."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -177,18 +246,18 @@ def failed_strategies(history: Sequence[StepRecord], text: str) -> list[str]:
     return list(dict.fromkeys(failed))
 
 
-def run_bounds(
-    result: events.Result, steps: Sequence[StepRecord]
-) -> dict[int, tuple[float, float, float]]:
-    """The engine's word on one run's best step (record n -> (speedup, low, high)): its
-    speedup over the start, timed in pairs, with the 95 % bounds. The run's other steps
-    were never timed against the start: they have no interval."""
-    if result.best_speedup is None or result.best_low is None or result.best_high is None:
+def run_claims(result: events.Result, steps: Sequence[StepRecord]) -> dict[int, Claim]:
+    """The engine's last word on one run (record n -> claim): its best step re-timed in
+    pairs against the start, where it did that. Its other steps keep the claims of their
+    own duels; a run whose best is its start (step 0) confirms nothing more."""
+    if result.best_step == 0 or result.best_speedup is None:
+        return {}
+    if result.best_low is None or result.best_high is None:
         return {}
     best = next((r for r in steps if r.step.step == result.best_step and r.step.correct), None)
-    if best is None:
+    if best is None or not (best.confirmed or best.step.status == "improved"):
         return {}
-    return {best.n: (result.best_speedup, result.best_low, result.best_high)}
+    return {best.n: Claim(True, 0, result.best_speedup, result.best_low, result.best_high)}
 
 
 def trimmed(step: events.Step) -> events.Step:
@@ -264,15 +333,15 @@ class Offer:
 
     suggestions: list[Suggestion]  # best per strategy, fastest first
     dropped: list[StepRecord]  # would be offered, but the kernel's text changed
-    slower: list[StepRecord]  # correct, applicable, but under the threshold (lower bound)
+    slower: list[StepRecord]  # correct, applicable, not confirmed or under the threshold
     applied: list[StepRecord] = field(default_factory=list)  # the text holds its result
     untimed: list[StepRecord] = field(default_factory=list)  # correct, no time to compare
 
 
 def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
     """The suggestions of `history` for the current `text`: correct candidates whose
-    anchor is in the text once and whose speedup over their start clears `threshold`:
-    the lower bound of its 95 % interval, or the estimate where the engine gave none."""
+    anchor is in the text once, which the engine confirmed faster in pairs, with the
+    lower bound of that 95 % interval at `threshold` or more. Nothing else is offered."""
     best: dict[str, Suggestion] = {}
     dropped: list[StepRecord] = []
     slower: list[StepRecord] = []
@@ -285,7 +354,7 @@ def offer(history: Sequence[StepRecord], text: str, threshold: float) -> Offer:
         if at < 0 or text.find(record.anchor.old, at + 1) >= 0:
             (applied if record.anchor.new in text else dropped).append(record)
             continue
-        if record.speedup is None:
+        if record.speedup is None and record.claim is None:
             untimed.append(record)  # e.g. Triton's interpreter: correct, never timed
             continue
         judged = record.judged
@@ -338,24 +407,25 @@ class SuggestionStore:
         return self._cache[key]
 
     def add(
-        self, uri: str, step: events.Step, anchor: Anchor | None, start: str = ""
+        self,
+        uri: str,
+        step: events.Step,
+        anchor: Anchor | None,
+        start: str = "",
+        versus: int = 0,
     ) -> Future[None]:
-        """Append a step (`start`: the hash of the code its job started from): the cache
-        now, the store in the writer thread."""
+        """Append a step (`start`: the hash of the code its job started from; `versus`: the
+        record its duel was timed against, 0 for that code): the cache now, the store in
+        the writer thread."""
         history = self.history(uri)
         number = history[-1].n + 1 if history else 1
-        record = StepRecord(number, trimmed(step), time.time(), anchor, start)
+        claim = duel_claim(step, versus)
+        record = StepRecord(number, trimmed(step), time.time(), anchor, start, claim)
         return self._keep(uri, [*history, record][-HISTORY_LIMIT:])
 
-    def bound(self, uri: str, bounds: dict[int, tuple[float, float, float]]) -> Future[None]:
-        """Set records' paired speedups and bounds (n -> (speedup, low, high)) once their
-        run has ended."""
-        history = [
-            replace(r, paired=bounds[r.n][0], low=bounds[r.n][1], high=bounds[r.n][2])
-            if r.n in bounds
-            else r
-            for r in self.history(uri)
-        ]
+    def confirm(self, uri: str, claims: dict[int, Claim]) -> Future[None]:
+        """Replace records' claims (n -> claim) with the run's last word once it ended."""
+        history = [replace(r, claim=claims[r.n]) if r.n in claims else r for r in self.history(uri)]
         return self._keep(uri, history)
 
     def _keep(self, uri: str, history: list[StepRecord]) -> Future[None]:

@@ -23,7 +23,7 @@ from lsprotocol import types as t
 from pytest_lsp import LanguageClient, client_capabilities
 
 from htam_engine import events
-from htam_engine.evaluate.verdict import Verdict
+from htam_engine.evaluate.verdict import Duel, Verdict
 from htam_engine.memory import load_seed
 from htam_engine.policy import PolicyConfig, make_prefix, select_global
 from htam_engine.state import State
@@ -40,8 +40,10 @@ async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest):
 
 
 def step_event(global_id: str, local: str, speedup: float, source: str) -> events.Step:
-    """A verified step as `htam optimize --events` reports it (0.5 ms; PyTorch 1.25 ms)."""
+    """A verified step as `htam optimize --events` reports it (0.5 ms; PyTorch 1.25 ms),
+    with its duel against the start in pairs (95 % +-0.09): confirmed if over 1.02x."""
     graph = load_seed("cuda")
+    low = round(speedup - 0.09, 2)
     state = State("cuda", "elementwise", "cuda:elementwise:scale", {"no_shared_memory"})
     config = PolicyConfig()
     decision = select_global(graph, make_prefix([], config.K), state, config, random.Random(0))
@@ -65,6 +67,7 @@ def step_event(global_id: str, local: str, speedup: float, source: str) -> event
         local_decision={"local_id": local, "reason": "reuse", "ranking": []},
         verdict=verdict,
         source=source,
+        versus_best=Duel(speedup, low, speedup + 0.09, confirmed=low >= 1.02),
     )
 
 
@@ -132,7 +135,7 @@ async def test_recorded_suggestion_survives_into_a_new_server(
     assert [a.kind for a in offered] == [f"refactor.rewrite.htam.{LOCAL}"]  # 1.05x is no win
     action = offered[0]
     assert action.title.endswith(
-        ": 1.84x faster than your code (no interval; 0.92 -> 0.5 ms; PyTorch 1.25 ms), "
+        ": 1.84x faster than your code (95 % 1.75-1.93; 0.92 -> 0.5 ms; PyTorch 1.25 ms), "
         "correct on 3 inputs"
     )
     assert action.data["speedup"] == 1.84 and action.data["refMs"] == 1.25  # type: ignore[index]
@@ -147,7 +150,7 @@ async def test_recorded_suggestion_survives_into_a_new_server(
     )
     titles = [lens.command.title for lens in lenses or [] if lens.command]
     assert [t for t in titles if t.startswith("Best: ")] == [
-        "Best: 1.84x faster than your code (no interval; 0.92 -> 0.5 ms; PyTorch 1.25 ms) "
+        "Best: 1.84x faster than your code (95 % 1.75-1.93; 0.92 -> 0.5 ms; PyTorch 1.25 ms) "
         f"({load_seed('cuda').globals[parent].name} -> {load_seed('cuda').locals[LOCAL].name})"
     ]  # one per file: a step optimizes the whole file
 
@@ -155,14 +158,19 @@ async def test_recorded_suggestion_survives_into_a_new_server(
     name = load_seed("cuda").globals[parent].name
     assert f"**{name}** (chosen)" in markdown
     assert "each input element is loaded by several threads" in markdown  # the local reason
-    assert "Risks:" in markdown and "Checks:" in markdown and "| 1.84x |" in markdown
+    assert (
+        "Risks:" in markdown and "Checks:" in markdown and "| 1.84x (95 % 1.75-1.93) |" in markdown
+    )
     assert "+        y[i] = x[i] + x[i];  // 𝛼 tiled" in markdown  # the diff of the suggestion
 
     shown = await client.workspace_execute_command_async(
         t.ExecuteCommandParams("htam.results", [{"uri": uri, "position": _json(where)}])
     )
-    assert shown is not None and "2 step(s), 2 correct, best 1.84x" in shown["markdown"]
-    assert "| 1.05x |" in shown["markdown"]  # measured, shown, but not offered
+    assert (
+        shown is not None
+        and "2 step(s), 2 correct; best 1.84x (95 % 1.75-1.93)" in shown["markdown"]
+    )
+    assert "| 1.05x (95 % 0.96-1.14) |" in shown["markdown"]  # measured, shown, not offered
     assert [(s["line"], s["speedup"]) for s in shown["suggestions"]] == [(4, 1.84)]
     assert shown["suggestions"][0]["title"] == action.title
 

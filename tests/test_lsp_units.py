@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from htam_engine import events
-from htam_engine.evaluate.verdict import Verdict
+from htam_engine.evaluate.verdict import Duel, Verdict
 from htam_lsp import render
 from htam_lsp import suggestions as sg
 from htam_lsp.diagnostics import map_line
@@ -114,13 +114,16 @@ def test_anchor_widens_to_the_kernel_and_survives_edits_elsewhere():
     candidate = FILE.replace("x[0] = 1;", "x[0] = 2;", 1)
     found = sg.anchor(FILE, candidate, [kernel])
     assert found is not None and found.old == KERNEL  # the whole kernel, not one line
-    record = sg.StepRecord(1, _step(1.5, candidate), 0.0, found)
+    confirmed = sg.Claim(True, 0, 1.5, 1.4, 1.6)
+    record = sg.StepRecord(1, _step(1.5, candidate), 0.0, found, claim=confirmed)
     elsewhere = FILE.replace("// tail", "// tail, edited")
     offer = sg.offer([record], elsewhere, 1.1)
     assert [s.record for s in offer.suggestions] == [record] and not offer.dropped
     changed = FILE.replace("x[0] = 1;", "x[0] = 3;", 1)
     assert sg.offer([record], changed, 1.1).dropped == [record]
     assert sg.offer([record], FILE, 1.6).slower == [record]  # under the threshold
+    estimated = replace(record, claim=None)
+    assert sg.offer([estimated], FILE, 1.1).slower == [estimated]  # never timed in pairs
     untimed = sg.StepRecord(2, replace(_step(1.0, candidate), speedup=None), 0.0, found)
     assert sg.offer([untimed], FILE, 1.1).untimed == [untimed]  # correct, never timed
     done = sg.offer([record], candidate, 1.1)  # the suggestion was applied
@@ -161,37 +164,48 @@ def test_titles_label_non_portable_edits_first_and_say_only_what_the_name_does_n
     from htam_lsp.offers import _said
 
     old, new = 'cflags=["-O2"]', 'cflags=["-O3", "-march=native"]'
-    record = sg.StepRecord(1, _step(1.5, ""), 0.0, sg.Anchor(old, new))
+    claim = sg.Claim(True, 0, 1.5, 1.4, 1.6)
+    record = sg.StepRecord(1, _step(1.5, ""), 0.0, sg.Anchor(old, new), claim=claim)
     title = render.action_title(None, record, ["restrict pointers"])
     assert title.startswith("HTAM: apply g -> l [non-portable: -march=native]: 1.50x faster")
-    assert title.endswith("(no interval; 1.5 -> 1 ms), correct; also restrict pointers")
+    assert title.endswith("(95 % 1.40-1.60; 1.5 -> 1 ms), correct; also restrict pointers")
     name = "-o3 -march=native"
     assert _said("march_native", name) and _said("opt_O3", name)
     assert not _said("restrict_pointers", name)
 
 
-def test_the_runs_best_step_takes_the_engines_paired_speedup_and_bounds():
-    """The engine times its best against the start in pairs: that speedup and its 95 %
-    bounds replace the best step's ratio estimate; the other steps have no interval."""
+def test_a_step_is_offered_only_on_the_engines_confirmed_paired_word():
+    """A record's claim comes from its duel (against the start or the best so far) and,
+    for the run's best, from its re-timing against the start; an estimate is never
+    offered, nor a duel the engine refused."""
 
-    def timed(n: int, over_start: float) -> sg.StepRecord:
+    def timed(n: int, over_start: float, duel: Duel | None) -> sg.StepRecord:
         verdict = Verdict(compiled=True, correct=True, speedup=over_start / 2)
-        step = events.Step(n, "g", f"l{n}", "", "improved", 0.1, over_start, verdict=verdict)
-        return sg.StepRecord(10 + n, step, 0.0, sg.Anchor("a", "b"))
+        status = "improved" if duel and duel.confirmed else "not_improved"
+        step = events.Step(n, "g", f"l{n}", "", status, 0.1, over_start, verdict=verdict)
+        step = replace(step, versus_best=duel)
+        return sg.StepRecord(10 + n, step, 0.0, sg.Anchor("a", "b"), claim=sg.duel_claim(step, 0))
 
-    steps = [timed(1, 1.2), timed(2, 1.66)]
+    refused = timed(1, 1.39, Duel(0.96, 0.64, 1.42, confirmed=False))
+    won = timed(2, 1.66, Duel(1.5, 1.4, 1.6, confirmed=True))
+    unpaired = timed(3, 1.8, None)
+    assert (refused.confirmed, won.confirmed, unpaired.claim) == (False, True, None)
+    assert (refused.judged, won.judged, unpaired.judged) == (None, 1.4, None)
+    assert render.interval_text(unpaired) == "est. 1.80x"
     result = events.Result("r", "k", True, 1.57, 0.8, 2, "completed", "out", "", 1.54, 1.60)
-    bounds = sg.run_bounds(result, steps)
-    assert bounds == {12: (1.57, 1.54, 1.60)}
-    no_interval = events.Result("r", "k", True, 1.57, 0.8, 2, "completed", "out")
-    assert sg.run_bounds(no_interval, steps) == {}
-    best = replace(steps[1], paired=1.57, low=1.54, high=1.60)
-    assert (best.speedup, best.judged, steps[0].judged) == (1.57, 1.54, 1.2)
+    claims = sg.run_claims(result, [refused, won, unpaired])
+    assert claims == {12: sg.Claim(True, 0, 1.57, 1.54, 1.60)}
+    start_is_best = events.Result("r", "k", True, 1.0, 0.5, 0, "completed", "out", "", 0.9, 1.1)
+    assert sg.run_claims(start_is_best, [refused, won]) == {}
+    best = replace(won, claim=claims[12])
     assert render.interval_text(best) == "1.57x (95 % 1.54-1.60)"
-    assert render.interval_text(steps[0]) == "1.20x (no interval)"
-    doubtful = replace(steps[0], paired=1.15, low=1.04, high=1.29)
-    offer = sg.offer([doubtful], "xax", 1.1)
-    assert offer.suggestions == [] and len(offer.slower) == 1  # 1.15x estimate, 1.04 bound
+    offer = sg.offer([refused, unpaired, best], "xax", 1.1)
+    assert [s.record.n for s in offer.suggestions] == [12]
+    assert [r.n for r in offer.slower] == [11, 13]
+    stored = sg.StepRecord.from_json(best.to_json())
+    assert stored is not None and stored.claim == best.claim
+    legacy = {**best.to_json(), "claim": None, "paired": 1.57, "low": 1.54, "high": 1.6}
+    assert sg.StepRecord.from_json(legacy).claim == claims[12]  # type: ignore[union-attr]
 
 
 def test_stop_asks_with_sigterm_then_kills_what_ignores_it():
@@ -263,3 +277,25 @@ def test_the_hover_preview_follows_a_changed_memory(tmp_path: Path):
         assert after.revision != before.revision
         second = insight.preview(doc, unit, after)
     assert second is not first and second[1] != first[1]
+
+
+def test_the_engines_report_gives_one_number_per_question():
+    """The issue's report: step 1 "3.94x vs start" next to its duel 7.77x (95 % 2.54-23.78)
+    and a best of 7.77x; step 2 "8.46x vs start" refused. Now the paired number answers
+    "how much faster than the start", and a ratio is shown only as a labelled estimate."""
+    from htam_engine.loop import RunResult
+    from htam_engine.report import markdown_report, versus_start
+
+    def stepped(n: int, status: str, estimate: float, duel: Duel) -> events.Step:
+        verdict = Verdict(compiled=True, correct=True, speedup=estimate / 2, runtime_ms=1.0)
+        return events.Step(n, "g", f"l{n}", "", status, 0.1, estimate, verdict=verdict,
+                           versus_best=duel)  # fmt: skip
+
+    first = stepped(1, "improved", 3.94, Duel(7.77, 2.54, 23.78, confirmed=True))
+    second = stepped(2, "not_improved", 8.46, Duel(0.9, 0.7, 1.2, confirmed=False))
+    run = RunResult("r", "softmax", "cpu", "offline", None, [first, second], best_step=1,
+                    best_over_start=7.77, best_interval=(2.54, 23.78))  # fmt: skip
+    assert versus_start(run) == ["7.77x (95 % 2.54-23.78)", "est. 8.46x"]
+    report = markdown_report(run)
+    assert "| 3.94x |" not in report and "| 8.46x |" not in report, report
+    assert "best (step 1): 7.77x (95 % 2.54-23.78) over the start" in report

@@ -147,14 +147,15 @@ def test_the_server_reads_exactly_the_step_the_engine_writes() -> None:
 
 def test_the_title_shows_the_engine_s_numbers() -> None:
     verdict = Verdict(compiled=True, correct=True, runtime_ms=0.29, ref_runtime_ms=0.25)
-    record = sg.StepRecord(1, _step(verdict, None), 0.0, paired=1.46, low=1.41, high=1.52)
+    claim = sg.Claim(True, 0, 1.46, 1.41, 1.52)
+    record = sg.StepRecord(1, _step(verdict, None), 0.0, claim=claim)
     record = sg.StepRecord.from_json(_wire(record.to_json()))
     assert record is not None
     assert render.gain_text(record) == (
         "1.46x faster than your code (95 % 1.41-1.52; 0.423 -> 0.29 ms; PyTorch 0.25 ms)"
     )
-    unbounded = replace(record, low=None, high=None)
-    assert render.gain_text(unbounded).startswith("1.46x faster than your code (no interval; ")
+    unconfirmed = replace(record, claim=replace(claim, confirmed=False))
+    assert render.gain_text(unconfirmed).startswith("not confirmed faster: 1.46x (95 % ")
 
 
 def test_the_compile_check_reads_htam_eval_s_document() -> None:

@@ -624,3 +624,78 @@ def _trust_workspace(vscode: VSCode) -> None:
     vscode.palette("View: Close All Editors")
     trust_editor.wait_for(state="hidden")
     vscode.open_kernel()
+
+
+@pytest.mark.slow
+def test_compile_check_blames_your_line_and_an_interpreter_change_is_one_plain_message(
+    vscode: VSCode,
+) -> None:
+    """Issue 29 in the real editor: the compile check from the light bulb runs with no LSP
+    error toast (codeAction/resolve), names the user's file and line in nvcc's words, and
+    leaves no "running (cancel)" lens; then htam.interpreter changed to a Python that does
+    not exist, while the server runs, gives one message without a stack trace, whose
+    advice pip-installs into a Python that exists."""
+    require("nvcc is not on PATH" if shutil.which("nvcc") is None else None)
+    cuda = vscode.folder / CUDA_FILE
+    cuda.write_text(cuda.read_text().replace("m = fmaxf(m, xr[c]);", "m = fmaxf(m, xr[c])"))
+    vscode.open_kernel()
+    vscode.wait_status(r"idle \(restricted\)", STARTUP_S)
+    _trust_workspace(vscode)
+    vscode.wait_status(IDLE, STARTUP_S)
+    vscode.open_kernel(CUDA_FILE)
+    vscode.page.locator(".codelens-decoration", has_text="Optimize with HTAM").first.wait_for()
+    # Requests sent to the server that trust restarted are logged, not a stack-trace toast.
+    assert "Starting server failed" not in vscode.notifications(), vscode.notifications()
+    line = next(i for i, text in enumerate(cuda.read_text().splitlines(), 1) if "fmaxf" in text)
+    vscode.page.keyboard.press("Control+G")
+    vscode.page.keyboard.type(f"{line}:10")
+    vscode.page.keyboard.press("Enter")
+    vscode.page.keyboard.press("Control+.")
+    row = vscode.page.locator(".action-widget .monaco-list-row", has_text="compile-check")
+    row.first.wait_for()
+    vscode.shot("compile-check-offered")
+    row.first.click()
+    toast = vscode.page.locator(".notification-toast", has_text="does not compile with nvcc")
+    toast.first.wait_for(timeout=180_000)
+    time.sleep(2)  # a resolve error would be a toast of its own by now
+    said = vscode.notifications()
+    vscode.shot("compile-check-failed")
+    assert "-32602" not in said and "not open in the editor" not in said, said
+    assert re.search(
+        rf'{CUDA_FILE} line \d+ does not compile with nvcc: error: expected a ";"', said
+    )
+    assert "kernel.cu" not in said and "htam-" not in said, said
+    deadline = time.monotonic() + 15  # the server asked VS Code to refresh its lenses
+    while vscode.page.locator(".codelens-decoration", has_text="(cancel)").count():
+        assert time.monotonic() < deadline, "a stale running lens after the check ended"
+        time.sleep(0.5)
+    vscode.page.keyboard.press("Control+Shift+M")  # the Problems view
+    problem = vscode.page.locator(".markers-panel", has_text="nvcc rejects this line")
+    problem.first.wait_for()
+    vscode.shot("compile-check-problem", keep="vscode-compile-check-problem")
+
+    # The explanation opens beside the kernel, which keeps the focus: typing edits it.
+    vscode.page.keyboard.press("Control+Shift+M")  # the Problems view closes again
+    vscode.page.locator(".monaco-editor .view-lines").first.click()
+    vscode.palette("HTAM: Explain Kernel")
+    vscode.wait_preview("HTAM:")
+    time.sleep(2)  # a preview that takes the focus has taken it by now
+    vscode.page.keyboard.type("# focus stayed here\n")
+    vscode.page.locator(".view-lines", has_text="# focus stayed here").first.wait_for(
+        timeout=10_000
+    )
+    vscode.shot("explain-beside-kernel-keeps-focus", keep="vscode-explain-keeps-focus")
+    vscode.page.keyboard.press("Control+Z")
+
+    vscode.palette("Notifications: Clear All Notifications")
+    missing = vscode.folder / "no-such-venv" / "bin" / "python3"
+    settings = vscode.user_data / "Machine" / "settings.json"
+    settings.write_text(json.dumps({"htam.interpreter": str(missing)}, indent=2))
+    toast = vscode.page.locator(".notification-toast", has_text="htam-lsp cannot be started")
+    toast.first.wait_for()
+    time.sleep(2)  # any other toast of the change is up by now
+    said = vscode.notifications()
+    vscode.shot("interpreter-changed", keep="vscode-interpreter-changed")
+    assert "Sending notification" not in said and "Starting server failed" not in said, said
+    assert not re.search(r"^\s*at \S+", said, re.MULTILINE), said
+    assert f"{missing} -m pip" not in said and " -m pip install htam" in said, said

@@ -234,8 +234,7 @@ def times_text(start: Verdict | None, best: Verdict | None, best_step: int) -> s
         return "Times: not measured yet."
     lines = [
         f"PyTorch reference: {_ms(start.ref_runtime_ms)}; starting implementation: "
-        f"{_ms(start.runtime_ms)} ({format_speedup(start.speedup)} over PyTorch)"
-        + _light(start)
+        f"{_ms(start.runtime_ms)} ({format_speedup(start.speedup)} over PyTorch)" + _light(start)
     ]
     if best is not None and best_step:
         lines.append(

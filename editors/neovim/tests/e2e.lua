@@ -91,6 +91,14 @@ H.run({
         local from = #H.messages
         local before = jobs.last
         vim.cmd('HtamNext')
+        -- A stock Neovim shows the running job: on the command line and in the lens.
+        H.wait(60000, function()
+          return H.screen():find('HTAM: ModelNew: .*%(:HtamCancel stops it%)') ~= nil
+        end, 'the command line to say what the job does')
+        H.capture('neovim-step-running', from)
+        H.wait(60000, function()
+          return lens_titles():find('(cancel)', 1, true) ~= nil
+        end, 'the kernel lens to show the running job:\n' .. lens_titles())
         H.wait(STEP_TIMEOUT_MS, function()
           return jobs.last ~= before and jobs.finished(jobs.last)
         end, 'step ' .. attempt .. ' to finish')

@@ -17,7 +17,7 @@ KIND = "refactor.rewrite.htam"
 CANDIDATES = {"cpu.omp_simd": 1.25, "cpu.omp_parallel_for": 1.75}
 
 server = LanguageServer("htam-fixture", "0")
-state: dict[str, Any] = {"init": None, "done": set(), "jobs": 0, "cancelled": []}
+state: dict[str, Any] = {"init": None, "done": set(), "jobs": 0, "cancelled": [], "running": {}}
 
 
 @server.feature(types.INITIALIZE)
@@ -31,10 +31,14 @@ async def run_job(ls: LanguageServer, job_id: str, uri: str, steps: int) -> None
     ls.work_done_progress.begin(token, types.WorkDoneProgressBegin(title="HTAM", cancellable=True))
     for step in range(1, steps + 1):
         job = {"jobId": job_id, "uri": uri, "kernel": "ModelNew", "steps": steps, "step": step}
-        ls.protocol.notify("htam/jobState", {**job, "state": "running", "phase": "compile"})
+        message = f"step {step}/{steps}: compile"
+        state["running"][uri] = message
+        running = {"state": "running", "phase": "compile", "message": message}
+        ls.protocol.notify("htam/jobState", {**job, **running})
         ls.work_done_progress.report(token, types.WorkDoneProgressReport(message="compile"))
         await asyncio.sleep(0.05)
     ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message="done"))
+    state["running"].pop(uri, None)
     state["done"].add(uri)
     best = max(CANDIDATES.values())
     message = f"best {best:.2f}x faster than your code; apply it from the code actions"
@@ -60,8 +64,11 @@ async def optimize(ls: LanguageServer, args: dict[str, Any]) -> dict[str, str]:
 
 
 @server.command("htam.cancel")
-def cancel(ls: LanguageServer, args: dict[str, Any]) -> None:
-    state["cancelled"].append(args.get("jobId"))
+def cancel(ls: LanguageServer, args: dict[str, Any]) -> dict[str, list[str]]:
+    """Like htam-lsp: the ids of the jobs it stops (none without a running one)."""
+    job = args.get("jobId")
+    state["cancelled"].append(job)
+    return {"cancelled": [job] if job and state["running"] else []}
 
 
 @server.command("htam.explain")
@@ -105,6 +112,16 @@ def status(ls: LanguageServer, *args: Any) -> dict[str, Any]:
 @server.command("fixture.state")
 def fixture_state(ls: LanguageServer) -> dict[str, Any]:
     return {"init": state["init"], "cancelled": state["cancelled"]}
+
+
+@server.feature(types.TEXT_DOCUMENT_CODE_LENS)
+def code_lens(ls: LanguageServer, params: types.CodeLensParams) -> list[types.CodeLens]:
+    """Like htam-lsp's: over the kernel (line 3), the running job with Cancel, or Optimize."""
+    running = state["running"].get(params.text_document.uri)
+    title = f"HTAM: {running} (cancel)" if running else "Optimize with HTAM"
+    where = types.Range(types.Position(2, 6), types.Position(2, 14))
+    command = types.Command(title, "htam.cancel" if running else "htam.nextStep")
+    return [types.CodeLens(where, command)]
 
 
 @server.feature(

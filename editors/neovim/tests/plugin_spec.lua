@@ -158,8 +158,12 @@ H.run({
       H.eq(true, vim.wo[vim.fn.bufwinid(scratch)].diff, 'the suggestion is diffed')
       H.eq(true, vim.wo[vim.fn.bufwinid(kernel_buf)].diff, 'against the kernel')
       H.capture('neovim-diff-before-apply')
-      vim.cmd('diffoff!')
-      vim.api.nvim_win_close(vim.fn.bufwinid(scratch), true)
+      local said = H.wait_message(':bwipeout htam://suggestion closes the diff', 0)
+      H.truthy(not said.msg:find('close leaves', 1, true), said.msg)
+      vim.cmd('bwipeout htam://suggestion') -- what the message says
+      H.eq(-1, vim.fn.bufnr('htam://suggestion'), 'the suggestion is gone')
+      H.eq(kernel_buf, vim.api.nvim_get_current_buf(), 'the kernel stays open')
+      H.eq(false, vim.wo[vim.fn.bufwinid(kernel_buf)].diff, 'and is no longer diffed')
     end,
   },
   {
@@ -240,6 +244,27 @@ H.run({
     end,
   },
   {
+    'a running job shows in a stock config: on the command line and in the kernel\'s lens',
+    function()
+      local from = #H.messages
+      vim.cmd('HtamOptimize 40')
+      H.wait(5000, function()
+        return H.screen():find('HTAM: ModelNew: step %d+/40: compile %(:HtamCancel stops it%)') ~= nil
+      end, 'the command line to say what the job does:\n' .. H.screen())
+      H.wait(5000, function()
+        local titles = vim.tbl_map(function(lens)
+          return lens.command and lens.command.title or ''
+        end, vim.lsp.codelens.get(0))
+        return table.concat(titles, '\n'):find('HTAM: step %d+/40: compile %(cancel%)') ~= nil
+      end, 'the kernel\'s lens to show the running job')
+      H.capture('neovim-job-running', from)
+      H.eq(0, #H.messages - from, 'no notification per phase (the end has one)')
+      H.wait(10000, function()
+        return require('htam.jobs').finished(require('htam.jobs').last)
+      end, 'the job to end')
+    end,
+  },
+  {
     ':HtamCancel cancels the running job',
     function()
       vim.cmd('HtamOptimize 40')
@@ -247,10 +272,18 @@ H.run({
         return require('htam').status():find('HTAM %d+/40') ~= nil
       end, 'the statusline to show the running job')
       local job = require('htam.jobs').last
+      local from = #H.messages
       vim.cmd('HtamCancel')
       H.wait(5000, function()
         return vim.list_contains(fixture_state().cancelled, job)
       end, 'the server to receive the cancel for job ' .. job)
+      H.wait_message('stopping ModelNew', from)
+      H.wait(10000, function()
+        return require('htam.jobs').finished(job)
+      end, 'the job to end')
+      from = #H.messages
+      vim.cmd('HtamCancel')
+      H.wait_message('nothing is running', from)
     end,
   },
   {

@@ -5,7 +5,13 @@
 #
 # A step that fails is written to .tools/vscode-setup-failed. Locally the script still
 # exits 0 and the end-to-end test skips naming it; in CI (CI=true) it exits 1. Run from anywhere: bash editors/vscode/scripts/setup.sh
+#
+# `--vsix-only`: only what building htam.vsix needs (Node 24, npm packages, the bundle), for
+# a user who installs the extension into their own VS Code; no Chromium, no code-server.
 set -uo pipefail
+
+VSIX_ONLY=false
+[[ "${1:-}" == "--vsix-only" ]] && VSIX_ONLY=true
 
 EXT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPO="$(cd "$EXT_DIR/../.." && pwd)"
@@ -123,6 +129,13 @@ ensure_playwright() {
     || fail "playwright: the Python package is missing (pip install -e '.[dev]')"
 }
 
+if [[ "$VSIX_ONLY" == "true" ]]; then
+  if ensure_node && ensure_extension_packages && ensure_vsix; then
+    log "ready: $EXT_DIR/htam.vsix (install it: code --install-extension $EXT_DIR/htam.vsix)"
+    exit 0
+  fi
+  exit 1
+fi
 if ensure_node; then
   ensure_extension_packages && ensure_vsix
   ensure_apt_packages && ensure_code_server

@@ -7,6 +7,7 @@ import {
   ExecuteCommandRequest,
   LanguageClient,
   type LanguageClientOptions,
+  RevealOutputChannelOn,
   type ServerOptions,
   type StaticFeature,
 } from "vscode-languageclient/node";
@@ -34,10 +35,12 @@ import {
 } from "./config";
 import {
   describe,
+  existingInterpreter,
   findInterpreter,
   installHint,
   interpreterCandidates,
   interpreterChoices,
+  NOT_FOUND,
   PATH_NAMES,
   probeInterpreter,
   SERVER_ARGS,
@@ -98,6 +101,8 @@ class Htam implements vscode.Disposable {
   private interpreterSetting = "";
   /** Why the server is not running, when it is not. */
   private failure: string | undefined;
+  /** A Python that exists here, for "Install htam Here" when none could run the server. */
+  private installTarget: string | undefined;
   private unavailable: vscode.Disposable | undefined;
   private queue: Promise<void> = Promise.resolve();
   private readonly tracker = new JobTracker();
@@ -215,7 +220,9 @@ class Htam implements vscode.Disposable {
     });
     const { found, failures } = await findInterpreter(candidates);
     if (!found) {
-      this.fail(installHint(candidates, failures));
+      const commands = [...candidates.map((candidate) => candidate.command), ...PATH_NAMES];
+      this.installTarget = await existingInterpreter(commands);
+      this.fail(installHint(candidates, failures, this.installTarget));
       return;
     }
     this.log.info(`Interpreter: ${describe(found)}; workspace trusted: ${trusted}`);
@@ -256,6 +263,10 @@ class Htam implements vscode.Disposable {
     return {
       documentSelector: DOCUMENTS,
       outputChannel: this.log,
+      // A request that fails (one sent to a client being restarted: "Starting server
+      // failed") goes to the log, not to a stack-trace toast; the server's own messages,
+      // the job notifications and a crash ("force") still reach the user.
+      revealOutputChannelOn: RevealOutputChannelOn.Never,
       // Our own one-line message (with what to do) instead of the client's stack trace.
       initializationFailedHandler: (error) => {
         this.log.error(`htam-lsp did not initialize: ${String(error)}`);
@@ -266,6 +277,18 @@ class Htam implements vscode.Disposable {
       middleware: {
         executeCommand: (command, args, next) => this.executeCommand(command, args, next),
         workspace: {
+          // A changed htam.interpreter restarts the server instead; a server that is not
+          // running (stopping, or failed to start) hears nothing: neither is worth a toast.
+          didChangeConfiguration: async (sections, next) => {
+            if (!this.client?.isRunning() || interpreterSetting() !== this.interpreterSetting) {
+              return;
+            }
+            try {
+              await next(sections);
+            } catch (error) {
+              this.log.warn(`workspace/didChangeConfiguration not sent: ${oneLine(error)}`);
+            }
+          },
           configuration: async (params, token, next) => {
             const results = await next(params, token);
             if (!Array.isArray(results)) {
@@ -400,7 +423,7 @@ class Htam implements vscode.Disposable {
   }
 
   /** A terminal that installs htam into `python` (the user sees and runs pip). */
-  private installHere(python = interpreterSetting() || "python3"): void {
+  private installHere(python = this.installTarget ?? "python3"): void {
     const terminal = vscode.window.createTerminal({ name: "HTAM: install" });
     terminal.show();
     terminal.sendText(`${python} -m pip install htam`, false);
@@ -591,7 +614,7 @@ const ENTER_PATH = "$(folder) Enter interpreter path...";
 
 /** A quick pick row of an interpreter that does not exist here (not worth showing). */
 function isMissing(row: { description: string }): boolean {
-  return row.description.endsWith("the interpreter was not found");
+  return row.description.startsWith(`cannot: ${NOT_FOUND}`);
 }
 
 /** An error's message on one line: never a stack trace in a toast (the log has it). */

@@ -86,15 +86,41 @@ export function probeInterpreter(command: string, cwd?: string): Promise<ProbeRe
   });
 }
 
+/** What `probeInterpreter` says of a command that runs no Python at all. */
+export const NOT_FOUND = "the interpreter was not found";
+
 function probeFailure(error: ExecFileException, stderr: string): string {
   if (error.code === "ENOENT") {
-    return "the interpreter was not found";
+    return NOT_FOUND;
   }
   if (error.killed) {
     return `the interpreter did not answer within ${PROBE_TIMEOUT_MS / 1000} s`;
   }
   const lines = stderr.trim().split(/\r?\n/);
+  // A pyenv (or asdf) shim of a version that is not installed: its first line says so,
+  // its last one only gives tips.
+  if (/command not found|No such file/.test(lines[0] ?? "")) {
+    return `${NOT_FOUND} (${lines[0]?.trim()})`;
+  }
   return lines[lines.length - 1] || error.message;
+}
+
+/** Whether a probe found no Python at all behind the command. */
+export function isNotFound(result: ProbeResult): boolean {
+  return !result.ok && result.detail.startsWith(NOT_FOUND);
+}
+
+/** The first of `commands` that runs a Python, with or without htam: where pip can put it. */
+export async function existingInterpreter(
+  commands: string[],
+  probe: (command: string) => Promise<ProbeResult> = probeInterpreter,
+): Promise<string | undefined> {
+  for (const command of commands) {
+    if (!isNotFound(await probe(command))) {
+      return command;
+    }
+  }
+  return undefined;
 }
 
 /** The first candidate that can import `htam_lsp`, or the reasons why none could. */
@@ -113,14 +139,30 @@ export async function findInterpreter(
   return { failures };
 }
 
-/** One message saying exactly how to make `htam-lsp` available. */
-export function installHint(candidates: InterpreterCandidate[], failures: string[]): string {
-  const python = candidates[0]?.command ?? "python3";
+/**
+ * One message saying exactly how to make `htam-lsp` available, with an interpreter that
+ * exists (`existing`): pip cannot install into one that is not there.
+ */
+export function installHint(
+  candidates: InterpreterCandidate[],
+  failures: string[],
+  existing: string | undefined,
+): string {
+  const why = `HTAM: htam-lsp cannot be started (${failures.join("; ")}). `;
+  if (!existing) {
+    return (
+      why +
+      "No Python runs here: install Python 3.11 or newer, then `python3 -m pip install htam`, " +
+      "or set htam.interpreter to a Python that has it."
+    );
+  }
+  const named = candidates[0]?.command;
+  const setIt = named === existing ? "" : `, and set htam.interpreter to ${existing}`;
   return (
-    `HTAM: htam-lsp cannot be started (${failures.join("; ")}). ` +
-    `Install it with \`${python} -m pip install htam\`, or from a checkout with ` +
-    `\`${python} -m pip install -e <path-to-htam>\`, or set htam.interpreter to a Python ` +
-    "that has it."
+    why +
+    `Install it with \`${existing} -m pip install htam\`, or from a checkout with ` +
+    `\`${existing} -m pip install -e <path-to-htam>\`${setIt}; or set htam.interpreter ` +
+    "to a Python that has it."
   );
 }
 
@@ -152,11 +194,36 @@ export function interpreterChoices(
   return rows.sort((a, b) => Number(b.ok) - Number(a.ok));
 }
 
-/** Virtual environments inside the workspace folders (used only in a trusted workspace). */
+/** How many folders above a workspace folder are searched for the project's venv. */
+const PARENT_LEVELS = 3;
+
+/**
+ * Virtual environments in the workspace folders and in the folders above them (the open
+ * folder may be a subfolder of the project), nearest first; used only in a trusted
+ * workspace.
+ */
 export function workspaceInterpreters(folders: string[], platform: NodeJS.Platform): string[] {
   const [bin, exe] = platform === "win32" ? ["Scripts", "python.exe"] : ["bin", "python"];
   const sep = platform === "win32" ? "\\" : "/";
-  return folders.flatMap((folder) =>
-    [".venv", "venv", "env"].map((name) => [folder, name, bin, exe].join(sep)),
+  const found = folders.flatMap((folder) =>
+    withParents(folder, sep).flatMap((dir) =>
+      [".venv", "venv", "env"].map((name) => [dir, name, bin, exe].join(sep)),
+    ),
   );
+  return [...new Set(found)];
+}
+
+/** `folder` and up to PARENT_LEVELS folders above it (never the root itself). */
+function withParents(folder: string, sep: string): string[] {
+  const dirs = [folder];
+  let current = folder;
+  for (let level = 0; level < PARENT_LEVELS; level++) {
+    const cut = current.lastIndexOf(sep);
+    if (cut <= 0 || /^[A-Za-z]:$/.test(current.slice(0, cut))) {
+      break;
+    }
+    current = current.slice(0, cut);
+    dirs.push(current);
+  }
+  return dirs;
 }

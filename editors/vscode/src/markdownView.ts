@@ -1,6 +1,8 @@
 /** A read-only Markdown view for what Explain Kernel and Show Memory answer. */
 import * as vscode from "vscode";
 
+const OPEN_WAIT_MS = 3000;
+
 export class MarkdownView implements vscode.TextDocumentContentProvider {
   static readonly scheme = "htam-view";
   /** One document, so each answer replaces the last in the same preview. */
@@ -26,10 +28,22 @@ export class MarkdownView implements vscode.TextDocumentContentProvider {
     } catch {
       // No built-in Markdown extension (it can be disabled): show the source instead.
       const document = await vscode.workspace.openTextDocument(this.uri);
-      await vscode.window.showTextDocument(document, vscode.ViewColumn.Beside);
+      await vscode.window.showTextDocument(document, {
+        viewColumn: vscode.ViewColumn.Beside,
+        preserveFocus: true,
+      });
     }
     if (editor) {
-      await vscode.window.showTextDocument(editor.document, editor.viewColumn);
+      // The preview's tab (and the focus it takes) may come after the command returned.
+      await this.opened();
+      await vscode.window.showTextDocument(editor.document, editor.viewColumn, false);
+    }
+  }
+
+  /** Resolves once the view's tab is open, or after OPEN_WAIT_MS. */
+  private async opened(): Promise<void> {
+    for (let waited = 0; waited < OPEN_WAIT_MS && !this.isOpen(); waited += 50) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
     }
   }
 

@@ -5,8 +5,10 @@ import { join } from "node:path";
 import { test } from "node:test";
 import {
   findInterpreter,
+  existingInterpreter,
   installHint,
   interpreterCandidates,
+  isNotFound,
   interpreterChoices,
   probeInterpreter,
   workspaceInterpreters,
@@ -97,11 +99,37 @@ test("the install hint names the interpreter and both install commands", () => {
   const hint = installHint(
     [{ command: "/usr/bin/python3", source: "path" }],
     ["/usr/bin/python3 (from PATH): No module named 'htam_lsp'"],
+    "/usr/bin/python3",
   );
   assert.match(hint, /\/usr\/bin\/python3 -m pip install htam/);
   assert.match(hint, /\/usr\/bin\/python3 -m pip install -e <path-to-htam>/);
   assert.match(hint, /No module named 'htam_lsp'/);
   assert.match(hint, /htam\.interpreter/);
+});
+
+test("the advice never pip-installs into an interpreter that does not exist", async () => {
+  const missing = join(tmpdir(), "no-such-python-htam");
+  const existing = await existingInterpreter([missing, "python3"]);
+  assert.equal(existing, "python3");
+  const hint = installHint(
+    [{ command: missing, source: "setting" }],
+    [`${missing} (from the htam.interpreter setting): the interpreter was not found`],
+    existing,
+  );
+  assert.doesNotMatch(hint, new RegExp(`${missing} -m pip`));
+  assert.match(hint, /`python3 -m pip install htam`/);
+  assert.match(hint, /set htam\.interpreter to python3/);
+  assert.match(installHint([], [], undefined), /No Python runs here/);
+});
+
+test("a pyenv shim of a version that is not installed is said to be not found", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "htam-shim-"));
+  const shim = join(dir, "python3.99");
+  const says = "pyenv: python3.99: command not found\\n\\nNote: See 'pyenv help global' for tips";
+  writeFileSync(shim, `#!/bin/sh\nprintf "${says}\\n" >&2\nexit 127\n`, { mode: 0o755 });
+  const result = await probeInterpreter(shim);
+  assert.equal(isNotFound(result), true);
+  assert.match(result.detail, /pyenv: python3\.99: command not found/);
 });
 
 test("the interpreter pick lists those that can run htam-lsp first, each once", () => {
@@ -127,5 +155,10 @@ test("virtual environments in the workspace folders are candidates (trusted only
     "/w/venv/bin/python",
     "/w/env/bin/python",
   ]);
+  // A subfolder of the project is open: the project's .venv above it is offered too.
+  const nested = workspaceInterpreters(["/p/examples/softmax"], "linux");
+  assert.equal(nested[0], "/p/examples/softmax/.venv/bin/python");
+  assert.ok(nested.includes("/p/.venv/bin/python"), nested.join(", "));
+  assert.ok(!nested.some((path) => path.startsWith("/.venv")), "never the root's");
   assert.equal(workspaceInterpreters(["C:\\w"], "win32")[0], "C:\\w\\.venv\\Scripts\\python.exe");
 });

@@ -11,14 +11,13 @@ local M = {}
 ---@field allow_execution? boolean compile and run generated code (off by default)
 ---@field cassette? string JSONL cassette for the replay provider
 ---@field min_speedup? number offer a candidate only this much faster than your code (1.1)
----@field progress? boolean notify each phase of a job (default false: one message at the end)
+---@field progress? boolean nil (default): echo what a running job does; true: vim.notify each phase; false: one message at the end
 
 ---@type htam.Options
 local defaults = {
   provider = 'auto',
   device = 'auto',
   allow_execution = false,
-  progress = false,
 }
 
 ---@type htam.Options

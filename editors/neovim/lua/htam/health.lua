@@ -103,9 +103,9 @@ local function check_imports(python, env)
     return
   end
   local advice = {
-    htam_lsp = 'install HTAM into that environment: pip install htam',
-    tree_sitter_cuda = 'pip install tree-sitter-cuda',
-    tree_sitter_python = 'pip install tree-sitter-python',
+    htam_lsp = ('install HTAM into the server\'s Python: %s -m pip install htam'):format(python),
+    tree_sitter_cuda = ('%s -m pip install tree-sitter-cuda'):format(python),
+    tree_sitter_python = ('%s -m pip install tree-sitter-python'):format(python),
   }
   for _, name in ipairs({ 'htam_lsp', 'tree_sitter_cuda', 'tree_sitter_python' }) do
     if found[name] == vim.NIL or found[name] == nil then

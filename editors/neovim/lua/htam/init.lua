@@ -336,7 +336,7 @@ function M.diff()
       end
       local uri = vim.uri_from_bufnr(bufnr)
       local scratch = ui.suggested(bufnr, edits_for(resolved.edit, uri), client.offset_encoding)
-      say(('%s: :HtamApply applies it, :diffoff! | close leaves it'):format(chosen.title))
+      say(('%s: :HtamApply applies it; :bwipeout htam://suggestion closes the diff'):format(chosen.title))
       return scratch
     end, bufnr)
   end)
@@ -403,8 +403,14 @@ function M.cancel()
   end
   local job = jobs.active()
   local args = job and { jobId = job.jobId } or vim.empty_dict()
-  execute(client, 'htam.cancel', { args }, function()
-    say(job and ('cancel sent for job %s'):format(job.jobId) or 'cancel sent')
+  execute(client, 'htam.cancel', { args }, function(result)
+    local stopped = type(result) == 'table' and type(result.cancelled) == 'table' and result.cancelled
+      or {}
+    if #stopped == 0 then
+      say('nothing is running')
+    else
+      say(('stopping %s (its finished steps are kept)'):format(job and job.kernel or stopped[1]))
+    end
   end)
 end
 

@@ -46,7 +46,7 @@ local LEVELS = {
   failed = vim.log.levels.ERROR,
 }
 
---- One message when a job ends, in the server's words (it knows why); nothing before.
+--- One message when a job ends, in the server's words (it knows why).
 ---@param job htam.Job
 local function report(job)
   local level = LEVELS[job.state]
@@ -54,11 +54,35 @@ local function report(job)
     return
   end
   local why = job.message ~= nil and job.message ~= '' and job.message or job.state
+  why = why:gsub('^HTAM:%s*', '') -- the server's refusals may name themselves already
   local next_step = ''
   if job.state == 'done' and (job.suggestions or 0) > 0 then
     next_step = ' :HtamApply applies it (:HtamDiff shows it first).'
   end
   notify(('%s %s: %s.%s'):format(where(job), job.state, why, next_step), level)
+end
+
+--- What a running job is doing, on one line: `ModelNew: step 1/6: compile ...`.
+---@param job htam.Job
+---@return string
+function M.progress_line(job)
+  local doing = job.message ~= nil and job.message ~= '' and job.message or job.state
+  return ('HTAM: %s: %s (:HtamCancel stops it)'):format(where(job), doing)
+end
+
+--- While a job runs, say what it does where a stock Neovim shows it: the command line
+--- (a transient echo, kept out of :messages) and the kernel's code lens. With `progress =
+--- true` each phase is a vim.notify() message instead (LspProgress); `false`: silence
+--- until the job ends.
+---@param job htam.Job
+local function show_running(job)
+  if job.uri then
+    require('htam.lenses').soon(vim.uri_to_bufnr(job.uri))
+  end
+  if config.options.progress == nil then
+    M.echoed = M.progress_line(job)
+    vim.api.nvim_echo({ { M.echoed } }, false, {})
+  end
 end
 
 --- Remember a job started by a command (its state arrives by notification).
@@ -87,21 +111,25 @@ function M.on_job_state(_, result, _)
     end
   end
   M.jobs[key] = job
-  if not previous or previous.state ~= job.state then
+  local changed = not previous or previous.state ~= job.state
+  if changed then
     report(job)
     if TERMINAL[job.state] and job.uri then -- the lenses now show the result
       require('htam.lenses').refresh(vim.uri_to_bufnr(job.uri))
     end
   end
+  if not TERMINAL[job.state] and (changed or previous.message ~= job.message) then
+    show_running(job)
+  end
   vim.api.nvim_exec_autocmds('User', { pattern = 'HtamJobState', modeline = false, data = job })
 end
 
---- Phase-by-phase progress (the `LspProgress` autocmd calls this): shown only with
---- `progress = true`; otherwise it is left to the user's progress plugin.
+--- Phase-by-phase progress (the `LspProgress` autocmd calls this): notified only with
+--- `progress = true`; otherwise the echo above says it (and a progress plugin may too).
 ---@param params { token: any, value: table }
 function M.on_progress(params)
   local value = params and params.value
-  if not config.options.progress or type(value) ~= 'table' or value.kind == 'end' then
+  if config.options.progress ~= true or type(value) ~= 'table' or value.kind == 'end' then
     return
   end
   -- Titles such as "HTAM: softmax" repeat the prefix that notify() adds.

@@ -24,6 +24,23 @@ local function later(bufnr)
   end))
 end
 
+---@type table<integer, boolean>
+local pending = {}
+
+--- Refresh within DELAY_MS, at most once per DELAY_MS however often a job moves on (the
+--- running lens says its phase).
+---@param bufnr integer
+function M.soon(bufnr)
+  if pending[bufnr] then
+    return
+  end
+  pending[bufnr] = true
+  vim.defer_fn(function()
+    pending[bufnr] = nil
+    M.refresh(bufnr)
+  end, DELAY_MS)
+end
+
 --- Refresh the lenses of `bufnr` now, on BufEnter and after every change to its text
 --- (typed, applied from a code action, undone).
 ---@param client vim.lsp.Client

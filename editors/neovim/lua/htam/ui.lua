@@ -39,7 +39,8 @@ function M.scratch(name, markdown)
 end
 
 --- The buffer `bufnr` with `edits` applied, in a scratch buffer diffed against it in a
---- vertical split (`htam://suggestion`); the kernel's buffer is not changed.
+--- vertical split (`htam://suggestion`); the kernel's buffer is not changed. Closing the
+--- suggestion's window (or `:bwipeout htam://suggestion`) ends the diff.
 ---@param bufnr integer
 ---@param edits lsp.TextEdit[]
 ---@param encoding string
@@ -56,12 +57,24 @@ function M.suggested(bufnr, edits, encoding)
   vim.api.nvim_buf_set_lines(scratch, 0, -1, false, vim.api.nvim_buf_get_lines(bufnr, 0, -1, false))
   vim.lsp.util.apply_text_edits(edits, scratch, encoding)
   vim.bo[scratch].modifiable = false
+  vim.bo[scratch].bufhidden = 'wipe' -- closing its window ends the diff
   local kernel_win = vim.fn.bufwinid(bufnr)
   vim.api.nvim_set_current_win(kernel_win)
   vim.cmd.diffthis()
   vim.cmd('vertical rightbelow split')
   vim.api.nvim_win_set_buf(0, scratch)
   vim.cmd.diffthis()
+  vim.api.nvim_create_autocmd('BufWipeout', {
+    buffer = scratch,
+    once = true,
+    callback = function()
+      if vim.api.nvim_win_is_valid(kernel_win) then
+        vim.api.nvim_win_call(kernel_win, function()
+          vim.cmd.diffoff()
+        end)
+      end
+    end,
+  })
   vim.api.nvim_set_current_win(kernel_win)
   return scratch
 end
