@@ -42,7 +42,8 @@ async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest):
 def step_event(global_id: str, local: str, speedup: float, source: str) -> events.Step:
     """A verified step as `htam optimize --events` reports it (0.5 ms; PyTorch 1.25 ms)."""
     graph = load_seed("cuda")
-    state = State("cuda", "elementwise", "cuda:elementwise:scale", {"no_shared_memory"})
+    # a matmul state: the policy offers shared-memory tiling (LOCAL) only where it fits
+    state = State("cuda", "matmul", "cuda:matmul:scale", {"no_shared_memory"})
     config = PolicyConfig()
     decision = select_global(graph, make_prefix([], config.K), state, config, random.Random(0))
     verdict = Verdict(
