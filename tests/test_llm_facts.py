@@ -111,3 +111,10 @@ def test_every_generation_prompt_carries_the_facts_and_whole_examples() -> None:
     assert "THE END" not in cut and "worked" not in cut
     translate_system, translate = translation_prompt(LINEAR, "cpu", block)
     assert "## Facts" in translate and "above all be correct" in translate_system
+
+
+def test_a_linear_without_bias_is_said_to_have_none() -> None:
+    reference = LINEAR.replace("nn.Linear(in_features, out_features)",
+                               "nn.Linear(in_features, out_features, bias=False)")  # fmt: skip
+    text = facts.task_text(reference)
+    assert "no bias (bias=False); forward computes x @ weight.T\n" in text + "\n"

@@ -44,7 +44,8 @@ def step_event(global_id: str, local: str, speedup: float, source: str) -> event
     with its duel against the start in pairs (95 % +-0.09): confirmed if over 1.02x."""
     graph = load_seed("cuda")
     low = round(speedup - 0.09, 2)
-    state = State("cuda", "elementwise", "cuda:elementwise:scale", {"no_shared_memory"})
+    # a matmul state: the policy offers shared-memory tiling (LOCAL) only where it fits
+    state = State("cuda", "matmul", "cuda:matmul:scale", {"no_shared_memory"})
     config = PolicyConfig()
     decision = select_global(graph, make_prefix([], config.K), state, config, random.Random(0))
     verdict = Verdict(

@@ -176,11 +176,16 @@ def _layouts(tree: ast.Module, init: list[Any]) -> list[str]:
         except (KeyError, ValueError, TypeError):
             args = []
         name = ast.unparse(node.targets[0])
+        biased = not any(
+            k.arg == "bias" and isinstance(k.value, ast.Constant) and k.value.value is False
+            for k in node.value.keywords
+        )
         if kind == "Linear" and len(args) >= 2:
+            bias = f"bias ({args[1]})" if biased else "no bias (bias=False)"
             found.append(
                 f"{name} = nn.Linear({args[0]}, {args[1]}): weight ({args[1]}, {args[0]}) "
-                f"= (out_features, in_features), row-major; bias ({args[1]}); "
-                f"forward computes x @ weight.T + bias"
+                f"= (out_features, in_features), row-major; {bias}; forward computes "
+                f"x @ weight.T{' + bias' if biased else ''}"
             )
         elif kind.startswith("Conv") and len(args) >= 3:
             found.append(
