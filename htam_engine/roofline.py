@@ -358,6 +358,24 @@ def for_verdict(
     verdict.suspect = verdict.suspect or bool(placed.get("faster_than_light"))
 
 
+def replace_on_kept(verdict: Verdict) -> None:
+    """A cached `verdict`'s roofline placed again on the limits kept now (they only rise
+    after it was stored), so a run's numbers share one machine; nothing is measured."""
+    light = verdict.roofline
+    limits = cached_limits()
+    if "bytes" not in light or limits is None or not verdict.runtime_ms:
+        return
+    work = Work(inputs=int(light["bytes"]), outputs=0, parameters=0, flops=int(light["flops"]))
+    bound = bound_for(work, limits, verdict.device)
+    if bound is None:
+        return
+    ref_ms = verdict.ref_runtime_ms if "reference_fraction" in light else None
+    placed = place(work, bound, verdict.runtime_ms, ref_ms)
+    # the interval's slow end is not kept: the stored flag stands
+    placed["faster_than_light"] = bool(light.get("faster_than_light"))
+    verdict.roofline = {**placed, "machine": limits.fingerprint}
+
+
 def describe(roofline: dict[str, Any], short: bool = False) -> str:
     """ "at 61 % of this core's memory bandwidth (12.1 of 19.8 GB/s)"; "" for {}."""
     if "fraction" not in roofline:

@@ -221,3 +221,16 @@ def test_the_compile_baseline_is_written_with_its_interval_and_compile_time() ->
     verdict = Verdict(compile_baseline={"speedup": 1.1, "low": 1.0, "high": 1.2, "compile_s": 31.6})
     assert format_compile(verdict) == "1.10x (95 % 1.00-1.20; compiled in 32 s)"
     assert format_compile(Verdict()) == "-"
+
+
+def test_a_cached_verdict_is_placed_again_on_the_limits_kept_now() -> None:
+    """Limits only rise after a verdict was stored: read back, it is placed on today's."""
+    work = Work(inputs=16 * MIB, outputs=16 * MIB, parameters=0, flops=0)
+    stored = Verdict(compiled=True, correct=True, runtime_ms=6.7108864, ref_runtime_ms=4.194304)
+    stored.roofline = roofline.place(work, Bound(5.0, 100.0, "core"), 6.7108864, 4.194304)
+    assert stored.roofline["fraction"] == pytest.approx(1.0)
+    _kept(_limits())  # 10 GB/s at this footprint
+    roofline.replace_on_kept(stored)
+    assert stored.roofline["fraction"] == pytest.approx(0.5)
+    assert stored.roofline["reference_fraction"] == pytest.approx(0.8)
+    assert stored.roofline["machine"] == roofline.fingerprint()

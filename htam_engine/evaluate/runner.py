@@ -110,6 +110,7 @@ def evaluate(
     content += "\0baseline\0compiled" if baseline == COMPILED else ""
     key = cache.key(task, content, resolved, limits, sandbox=mode)  # policy too
     if use_cache and (hit := cache.get(key, sandbox=mode)) is not None:
+        roofline.replace_on_kept(hit)  # on today's limits, as the fresh verdicts beside it
         return hit
     verdict = _evaluate(
         task,
