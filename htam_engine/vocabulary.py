@@ -255,3 +255,10 @@ TIMING_TAGS = frozenset({"single_thread_timing", "multi_thread_timing"})
 def state_tags(backend: Backend) -> frozenset[str]:
     """Every tag a state of `backend` can carry: what a seed trigger may name."""
     return FEATURE_TAGS[backend] | FEEDBACK_TAGS | set(FAMILIES) | TIMING_TAGS | {backend}
+
+
+# atol = rtol by output dtype, KernelBench's `get_tolerance_for_precision`
+# (ScalingIntelligence/KernelBench, src/kernelbench/eval.py): fp32 1e-4, fp16 and bf16
+# 1e-2 (from torchbench); fp64 1e-7 (torch.testing's float64 default). Other floats get
+# fp32's; integers and booleans must match exactly. The judge and the prompts read this.
+TOLERANCES = {"float64": 1e-7, "float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}

@@ -40,7 +40,7 @@ def test_the_facts_block_states_what_an_engineer_asks_first() -> None:
     assert found.cpu in text and f"{found.cores} cores" in text
     assert all(flag in text for flag in found.isa)
     assert "1 thread(s)" in text and "OpenMP or other threads buy nothing" in text
-    assert "atol = rtol = 1e-4" in text and "float64" in text
+    assert "atol = rtol by output dtype" in text and "float32 0.0001" in text
     assert "`cheating`" in text and "`not_custom_kernel`" in text
     assert "x0: float32[128, 1024]" in text
     assert "weight (1024, 1024) = (out_features, in_features)" in text
@@ -62,12 +62,15 @@ def test_shapes_are_read_statically_from_kernelbench_problems(fixture: str, shap
     assert shape in text
 
 
-def test_the_tolerance_table_is_the_evaluators() -> None:
+def test_the_prompt_states_the_evaluators_tolerance_for_each_dtype() -> None:
     torch = pytest.importorskip("torch")
     from htam_engine.evaluate import common
 
-    for name, tol in facts.TOLERANCES.items():
-        assert common.tolerance(getattr(torch, name)) == tol
+    reference = (KERNELBENCH / "level1/19_ReLU.py").read_text()
+    checks = facts.facts_block(backend="cpu", threads=1, reference=reference)
+    for name in ("float64", "float32", "float16", "bfloat16"):
+        assert f"{name} {common.tolerance(getattr(torch, name)):g}" in checks
+    assert common.tolerance(torch.int64) == 0.0
 
 
 def step(number: int, status: str, v: Verdict, **kw: object) -> Step:

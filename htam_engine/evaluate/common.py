@@ -18,6 +18,7 @@ import torch.utils.cpp_extension as cpp_extension
 
 from htam_engine.evaluate.static import LAYOUT_OPS, RANDOM_OPS
 from htam_engine.kernels import CompileError
+from htam_engine.vocabulary import TOLERANCES
 
 _OOM = re.compile(
     r"out of memory|can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED|std::bad_alloc", re.I
@@ -206,15 +207,10 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor | None:
 
 
 def tolerance(dtype: torch.dtype) -> float:
-    """atol = rtol per dtype, KernelBench's current `get_tolerance_for_precision`
-    (ScalingIntelligence/KernelBench, src/kernelbench/eval.py): fp32 1e-4, fp16 and
-    bf16 1e-2 (from torchbench); fp64 1e-7 (torch.testing's float64 default), other
-    floats fp32's; integers and booleans must match exactly."""
-    if dtype in (torch.float16, torch.bfloat16):
-        return 1e-2
-    if dtype == torch.float64:
-        return 1e-7
-    return 1e-4 if dtype.is_floating_point else 0.0
+    """atol = rtol for outputs of `dtype` (`vocabulary.TOLERANCES`)."""
+    if not dtype.is_floating_point:
+        return 0.0
+    return TOLERANCES.get(str(dtype).removeprefix("torch."), TOLERANCES["float32"])
 
 
 # The relative L2 error against a float64 reference that work in a dtype never needs:

@@ -20,16 +20,16 @@ from htam_engine import machine, roofline
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.events import Step
 from htam_engine.report import format_speedup
+from htam_engine.vocabulary import TOLERANCES
 
 # atol = rtol per dtype, as `evaluate.common.tolerance` (a test keeps the two equal).
-TOLERANCES = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
 REFUSED = "not kept (not clearly faster than the best)"
 MAX_ATTEMPTS = 6  # earlier steps shown in a prompt, newest first
 ERROR_CHARS = 400
 
 CHECKS = (
     "Correctness: {sets} fresh random input sets (seeds your code never sees) against the "
-    "reference, atol = rtol = 1e-4 for float32 (1e-2 for float16/bfloat16), plus a "
+    "reference, atol = rtol by output dtype ({tolerances}; integers exact), plus a "
     "precision check against a float64 reference (float32 work done in half precision "
     "fails even inside the tolerance); inputs must stay unchanged; outputs must be fresh "
     "tensors of the reference's shapes and dtypes, without NaN/Inf; some timed calls' "
@@ -290,6 +290,10 @@ def attempts_text(steps: Sequence[Step]) -> str:
     return "\n".join(f"- {line}" for line in shown) if shown else "none yet (first step)"
 
 
+def _tolerances() -> str:
+    return ", ".join(f"{dtype} {tol:g}" for dtype, tol in TOLERANCES.items())
+
+
 def facts_block(
     *,
     backend: str,
@@ -301,7 +305,9 @@ def facts_block(
     best_step: int = 0,
 ) -> str:
     """Machine, timing, correctness, task and times: the generation prompt's facts."""
-    checks = CHECKS.format(sets=Limits().input_sets, allowed=", ".join(allowed) or "none")
+    checks = CHECKS.format(
+        sets=Limits().input_sets, tolerances=_tolerances(), allowed=", ".join(allowed) or "none"
+    )
     parts = [machine_text(backend, threads), checks, task_text(reference), SYNC]
     parts.append(times_text(start, best, best_step))
     return "\n".join(p for p in parts if p)
