@@ -19,8 +19,7 @@ max(bytes / bandwidth, flops / peak), and the fraction is roofline time / measur
 A candidate whose slowest plausible time (the slow end of its interval) still beats the
 roofline time by `FASTER_THAN_LIGHT` is `suspect`: re-verified, never a baseline.
 
-The fingerprint reads /proc/cpuinfo itself (model, ISA flags); `machine.cpu_facts` is the
-place for the facts a prompt shows.
+The fingerprint's CPU model and ISA come from `machine.cpu_facts`, as the prompt's do.
 """
 
 from __future__ import annotations
@@ -123,28 +122,13 @@ class Work:
 
 
 # ---------------------------------------------------------------- the machine's identity
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in text.split("\n\n")[0].splitlines():
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    return fields
-
-
 def cpu_isa() -> tuple[str, str, int]:
     """(CPU model, widest vector ISA with FMA, FP32 lanes of one FMA)."""
-    info = _cpuinfo()
-    model = info.get("model name") or info.get("Processor") or platform.processor() or "cpu"
-    flags = set((info.get("flags") or info.get("Features") or "").split())
+    facts = machine.cpu_facts()
     for flag, isa, lanes in _ISA_LANES:
-        if flag in flags and (flag != "avx2" or "fma" in flags):
-            return model, isa, lanes
-    return model, "scalar", 1
+        if flag in facts.isa and (flag != "avx2" or "fma" in facts.isa):
+            return facts.cpu, isa, lanes
+    return facts.cpu, "scalar", 1
 
 
 def _gpu_models() -> list[str]:
