@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from htam_engine import events, implement, parsing, stats
+from htam_engine import events, implement, parsing, roofline, stats
 from htam_engine.episode import (
     IMPROVE_MARGIN,
     Decision,
@@ -266,6 +266,10 @@ class Optimizer:
         if not usable.globals:
             return None
         state = self._state(current)
+        if "near_limit" in state.features:  # at 90 % or more of the machine's limit
+            raise RunStopped(
+                f"at the limit: {roofline.describe(self._verdict_of(current).roofline)}"
+            )
         self._phase(step, "select")
         decision = self.episode.decide(usable, state, self.rng, self.local_selector, applicable)
         g, local_id = decision.global_id, decision.local_id
@@ -394,9 +398,18 @@ class Optimizer:
                 result[local_id] = None
         return result
 
+    def _verdict_of(self, source: str) -> Verdict:
+        """The timing of `source` when it is the best or the start ({} roofline otherwise)."""
+        if source == self.result.best_source and self.best_verdict is not None:
+            return self.best_verdict
+        if source == self.start_source and self.result.start_verdict is not None:
+            return self.result.start_verdict
+        return Verdict()
+
     def _state(self, source: str) -> State:
+        light = roofline.tags(self._verdict_of(source).roofline)  # memory_bound, near_limit
         state = self.episode.state(
-            parsing.features(source, self.task.backend),
+            parsing.features(source, self.task.backend) | set(light),
             last_speedup=self.result.steps[-1].speedup if self.result.steps else None,
             best_speedup=self.result.best_speedup,
         )

@@ -250,11 +250,14 @@ FEATURE_TAGS: dict[Backend, frozenset[str]] = {
 # The timing's thread policy as a state tag (`State.tags`): a strategy that only pays
 # with threads needs `multi_thread_timing`.
 TIMING_TAGS = frozenset({"single_thread_timing", "multi_thread_timing"})
+# Where the current code sits on the machine's roofline (`roofline.tags`).
+ROOFLINE_TAGS = frozenset({"memory_bound", "compute_bound", "near_limit"})
 
 
 def state_tags(backend: Backend) -> frozenset[str]:
     """Every tag a state of `backend` can carry: what a seed trigger may name."""
-    return FEATURE_TAGS[backend] | FEEDBACK_TAGS | set(FAMILIES) | TIMING_TAGS | {backend}
+    tags = FEATURE_TAGS[backend] | FEEDBACK_TAGS | set(FAMILIES) | TIMING_TAGS | ROOFLINE_TAGS
+    return tags | {backend}
 
 
 # atol = rtol by output dtype, KernelBench's `get_tolerance_for_precision`
