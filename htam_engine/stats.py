@@ -67,14 +67,32 @@ def side(interval: Interval, threshold: float | None) -> int:
     return -1 if interval.high < threshold else 0
 
 
+# A timing that stops when its interval clears a threshold looks at the interval many
+# times, and each look is another chance to stop on a lucky stretch: a decision asks for
+# an interval 1.5x as wide (on the log scale) and at least 20 pairs. With them the final
+# intervals hold the long-run speedup as often as under the width rule alone (simulated
+# with `benchmarks/bench_noise.py --simulate`), at a third of the pairs far from it.
+DECIDE_WIDEN = 1.5
+DECIDE_MIN_PAIRS = 20
+
+
+def decided(interval: Interval, threshold: float | None) -> int:
+    """`side` of `interval` (run-to-run spread included) with the allowance for many
+    looks: widened by DECIDE_WIDEN, and 0 below DECIDE_MIN_PAIRS pairs."""
+    if threshold is None or interval.pairs < DECIDE_MIN_PAIRS:
+        return 0
+    e = interval.estimate
+    low = e * math.exp(DECIDE_WIDEN * math.log(interval.low / e))
+    high = e * math.exp(DECIDE_WIDEN * math.log(interval.high / e))
+    return side(Interval(e, low, high, interval.pairs), threshold)
+
+
 def settled(interval: Interval, target: float, threshold: float | None, cv: float) -> bool:
     """The sequential stopping rule of a timing: stop once the pairs' own interval is
     narrow (`target`), or once that interval widened by the run-to-run spread `cv`
-    (what the next run could show) lies wholly above or below `threshold`, the margin
-    the question asks about (None: only narrowness stops it). Widening first keeps a
-    decision from resting on this run's luck; the decision is checked every few trials
-    (the caller's rhythm), which a 95 % interval tolerates at the sizes timed here."""
-    return interval.narrow(target) or side(interval.with_run_to_run(cv), threshold) != 0
+    (what the next run could show) is `decided` above or below `threshold`, the margin
+    the question asks about (None: only narrowness stops it)."""
+    return interval.narrow(target) or decided(interval.with_run_to_run(cv), threshold) != 0
 
 
 def job_settled(interval: Interval, job: Mapping[str, Any]) -> bool:

@@ -9,8 +9,10 @@ from dataclasses import replace
 import pytest
 
 from htam_engine.stats import (
+    DECIDE_MIN_PAIRS,
     Z95,
     Interval,
+    decided,
     job_settled,
     paired_speedup,
     pooled,
@@ -153,11 +155,11 @@ def test_side_says_where_an_interval_lies_against_a_threshold() -> None:
 def test_timing_stops_once_the_question_is_decided_not_only_when_narrow() -> None:
     """A 3x candidate is decided against a 1.02x question long before its interval is
     5 % wide; one at the margin is not, and narrowness alone still stops it."""
-    wide_far = paired_speedup(*noisy_pairs(3.0, 12, 0.3, seed=5))
+    wide_far = paired_speedup(*noisy_pairs(3.0, 24, 0.4, seed=5))
     assert not wide_far.narrow(0.05)
     assert settled(wide_far, 0.05, 1.02, 0.045)
     assert not settled(wide_far, 0.05, None, 0.045)  # no question: only narrowness
-    near = paired_speedup(*noisy_pairs(1.03, 12, 0.3, seed=6))
+    near = paired_speedup(*noisy_pairs(1.03, 24, 0.4, seed=6))
     assert not settled(near, 0.05, 1.02, 0.045)
     narrow = Interval(1.03, 1.02, 1.04, 40)
     assert settled(narrow, 0.05, 1.02, 0.045)
@@ -173,7 +175,7 @@ def test_the_decision_allows_for_the_run_to_run_spread() -> None:
 
 
 def test_a_judge_s_job_carries_the_rule() -> None:
-    interval = Interval(3.0, 2.5, 3.6, 12)
+    interval = Interval(3.0, 2.5, 3.6, 30)
     job = {"target_half_width": 0.05, "decide": 1.02, "run_to_run_cv": 0.045}
     assert job_settled(interval, job)
     assert not job_settled(interval, {**job, "decide": None})
@@ -189,3 +191,14 @@ def test_a_ratio_of_two_runs_intervals_adds_their_widths() -> None:
     assert over.low == pytest.approx(2.0 * math.exp(-below))
     assert over.low < a.low / b.estimate and over.high > a.high / b.estimate  # wider
     assert ratio(b, b).low < 1.0 < ratio(b, b).high
+
+
+def test_a_decision_allows_for_its_many_looks() -> None:
+    """Each look at the interval is a chance to stop on luck: a decision needs
+    DECIDE_MIN_PAIRS pairs and an interval DECIDE_WIDEN times as wide."""
+    clear = Interval(1.5, 1.3, 1.7, DECIDE_MIN_PAIRS)
+    assert decided(clear, 1.02) == 1 and decided(clear, 2.0) == -1
+    assert decided(replace(clear, pairs=DECIDE_MIN_PAIRS - 1), 1.02) == 0
+    # wholly above 1.25 as it is, not once widened for the looks
+    assert side(clear, 1.25) == 1 and decided(clear, 1.25) == 0
+    assert decided(clear, None) == 0

@@ -517,7 +517,7 @@ def _record_conditions(
     verdict.load = load
     within = verdict.within_run_half_width
     narrow = within is not None and within <= target  # the pairs' own interval
-    decided = verdict.interval is not None and stats.side(verdict.interval, decide) != 0
+    decided = verdict.interval is not None and stats.decided(verdict.interval, decide) != 0
     if decided and decide is not None:
         verdict.spread["decided_at"] = decide
     verdict.converged = narrow or decided
