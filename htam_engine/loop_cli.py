@@ -16,7 +16,7 @@ from rich.table import Table
 
 from htam_engine import events
 from htam_engine.errors import NoStartError, ReferenceFailed, UserError
-from htam_engine.evaluate.cli import add_baseline_argument, add_policy_arguments, with_policy
+from htam_engine.evaluate.cli import add_baseline_argument, add_policy_arguments
 from htam_engine.machine import DEVICE_CHOICES
 from htam_engine.report import (
     format_bounded,
@@ -73,18 +73,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from htam_engine.evaluate.sizes import refuse_if_too_large
     from htam_engine.llm import LLMError, RunBudget, make_provider
     from htam_engine.loop import LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
     from htam_engine.report import write_outputs
-    from htam_engine.task import load_task, with_start
+    from htam_engine.task import load_task, with_policy, with_start
 
     if args.steps < 1:
         raise UserError("--steps must be at least 1")
     task = load_task(Path(args.task))
     if args.start:
         task = with_start(task, Path(args.start))
-    task = with_policy(task, args)
+    task = with_policy(task, args.allow_torch, args.scale)
     if args.candidates < 1:
         raise UserError("--candidates must be at least 1")
     try:
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     display = _Display(console, args.events, args.steps)
     name = provider.name if provider else "offline"
     display.emit(events.Start(task.name, args.steps, name, why, args.device))
+    refuse_if_too_large(task, args.device)  # a torch subprocess: after the first event
     optimizer = Optimizer(
         task,
         start_source,

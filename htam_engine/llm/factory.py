@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from htam_engine.llm.base import LLMError, Provider
 from htam_engine.llm.cache import ResponseCache
 from htam_engine.llm.choice import DEFAULT_MODELS, PROVIDERS, choose_provider, show_url
 from htam_engine.llm.limits import RunBudget, is_reasoning_model
 from htam_engine.llm.prices import load_prices
-from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider, RetryPolicy
 from htam_engine.llm.replay import Recorder, ReplayProvider
+
+if TYPE_CHECKING:  # the SDKs take seconds to import: only a remote provider needs them
+    from htam_engine.llm.remote import RetryPolicy
 
 # Local OpenAI-compatible servers (vLLM, Ollama, llama.cpp) accept any key; the SDK needs one.
 NO_KEY = "no-key"
@@ -26,6 +29,8 @@ def _remote(
     cache: bool,
     retry: RetryPolicy | None,
 ) -> Provider:
+    from htam_engine.llm.remote import AnthropicProvider, OpenAIProvider
+
     prices = load_prices(env)
     store = ResponseCache() if cache else None
     if name == "anthropic":
