@@ -79,6 +79,8 @@ def run_example(
     except json.JSONDecodeError:
         output = (done.stderr.strip() or done.stdout.strip())[-600:]
         return {"example": name, "error": f"exit {done.returncode}: {output}"}
+    if "start_verdict" not in result:  # the CLI's error document
+        return {"example": name, "error": f"exit {done.returncode}: {result.get('error')}"}
     return {
         "example": name,
         "exit_code": done.returncode,
@@ -213,6 +215,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="steps per task (default 6; quick 2)")
     parser.add_argument("--tasks", choices=("all", "examples", "kernelbench"), default="all")
     parser.add_argument("--engine", type=Path, default=ROOT, help="checkout whose engine runs")
+    parser.add_argument("--only", help="comma-separated task names (the table's first column)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("real_loop.json"), help="JSON output")
@@ -221,17 +224,20 @@ def main() -> None:
         parser.error("--steps must be at least 1")
     steps = args.steps or (2 if args.quick else 6)
     tasks = task_paths(args.device, args.tasks)[: 1 if args.quick else None]
+    if args.only:
+        tasks = [p for p in tasks if task_name(p) in args.only.split(",")]
     engine = args.engine.resolve()
+    out: dict[str, Any] = {"device": args.device, "steps": steps, "seed": args.seed}
+    out |= {"engine": str(engine), "runs": []}
     with tempfile.TemporaryDirectory(prefix="htam-bench-") as home:
-        runs = [
-            run_example(p, steps, args.device, args.seed, Path(home), engine=engine) for p in tasks
-        ]
-    out = {"device": args.device, "steps": steps, "seed": args.seed, "engine": str(engine)}
-    out["runs"] = runs
-    out["summary"] = aggregate(runs)
-    out["markdown"] = markdown(out)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
+        for path in tasks:  # written after every task: a long run's partial result survives
+            out["runs"].append(
+                run_example(path, steps, args.device, args.seed, Path(home), engine=engine)
+            )
+            out["summary"] = aggregate(out["runs"])
+            out["markdown"] = markdown(out)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(out, indent=1))
     print(out["markdown"])
 
 

@@ -17,6 +17,7 @@ from tree_sitter import Node
 from htam_engine import parsing
 from htam_engine.parsing import python_source, text
 
+LOW_OPT = {"-O0", "-O1", "-O2", "-Os", "-Og"}  # optimization levels a rewrite replaces by -O3
 Edit = tuple[int, int, str]  # (start byte, end byte, replacement) in the file's bytes
 Plan = list[Edit] | str  # edits, or why the rewrite does not apply
 CodePlanner = Callable[[bytes, Node], Plan]  # (C++/CUDA source bytes, root) -> plan

@@ -11,6 +11,7 @@ from htam_engine import parsing
 from htam_engine.parsing import cxx_source, python_source, text
 from htam_engine.strategies import analysis, cpu_matmul
 from htam_engine.strategies.base import (
+    LOW_OPT,
     CodePlanner,
     Edit,
     Plan,
@@ -23,7 +24,6 @@ from htam_engine.strategies.base import (
 from htam_engine.strategies.cuda import pointer_qualifier_edits
 
 TILE = 64
-LOW_OPT = {"-O0", "-O1", "-O2", "-Os", "-Og"}
 
 
 def _pragma_edit(code: bytes, loop: Node, own: str, extra: str, merge_with: str) -> Edit:

@@ -19,6 +19,7 @@ from htam_engine import parsing
 from htam_engine.parsing import cxx_source, text, walk
 from htam_engine.strategies import analysis
 from htam_engine.strategies.base import (
+    LOW_OPT,
     Edit,
     Plan,
     Rewrite,
@@ -27,7 +28,7 @@ from htam_engine.strategies.base import (
     flag_plan,
     insert_line_before,
 )
-from htam_engine.strategies.cpu import LOW_OPT, _pragma_edit
+from htam_engine.strategies.cpu import _pragma_edit
 
 DEFINITIONS = (
     "function_definition",
