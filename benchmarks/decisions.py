@@ -10,7 +10,7 @@ KernelBench problems (started from a capable model's recorded translation,
   tolerance, checks, shapes, parameter sync, PyTorch's time, the start's time, earlier
   attempts) and feedback that says "slower" of a step faster than the start.
 
-    python benchmarks/decisions.py [--before /work/main] [--json]
+    python benchmarks/decisions.py [--before OTHER_CHECKOUT] [--json]
 
 `--before` names another checkout (e.g. main): its engine makes the prompts in a child
 process (`--collect`), judged here with this checkout's declarations, next to this
