@@ -311,3 +311,15 @@ def declared_simd(code: str, name: str) -> bool:
 def outermost_loops(fn: Node) -> list[Node]:
     every = cxx_source.loops(fn)
     return [loop for loop in every if not any(o != loop and _within(loop, o) for o in every)]
+
+
+def simd_clause(node: Node) -> tuple[str | None, str]:
+    """(why the innermost loop `node` cannot take `omp simd`, or None; its reduction clauses)."""
+    loop = canonical(node)
+    if loop is None or not loop.unit_step or not in_compound(node):
+        return "an innermost loop is not a canonical unit-step for loop", ""
+    reductions: dict[str, str] = {}
+    reason = carried_reason(loop, reductions)
+    if reason is not None:
+        return reason, ""
+    return None, reduction_clauses(reductions)

@@ -68,20 +68,14 @@ def plan_simd(code: bytes, root: Node) -> Plan:
         return scalar
     for fn in cxx_source.functions(root):
         for node in cxx_source.innermost_loops(fn):
-            loop = analysis.canonical(node)
             pragma = cxx_source.loop_pragma(node)
             if "simd" in pragma or "#pragma GCC ivdep" in pragma:
                 reasons.append("the innermost loops already have a simd pragma")
                 continue
-            if loop is None or not loop.unit_step or not analysis.in_compound(node):
-                reasons.append("an innermost loop is not a canonical unit-step for loop")
-                continue
-            reductions: dict[str, str] = {}
-            reason = analysis.carried_reason(loop, reductions)
+            reason, clause = analysis.simd_clause(node)
             if reason is not None:
                 reasons.append(reason)
                 continue
-            clause = analysis.reduction_clauses(reductions)
             edits.append(_pragma_edit(code, node, "simd", clause, "#pragma omp parallel for"))
     return edits or (reasons[0] if reasons else "no loop to vectorise")
 

@@ -51,16 +51,11 @@ def _simd_loops(root: Node) -> tuple[list[tuple[Node, str]], list[Node], list[st
             if "simd" in pragma:
                 done.append(node)
                 continue
-            loop = analysis.canonical(node)
-            if loop is None or not loop.unit_step or not analysis.in_compound(node):
-                reasons.append("an innermost loop is not a canonical unit-step for loop")
-                continue
-            reductions: dict[str, str] = {}
-            reason = analysis.carried_reason(loop, reductions)
+            reason, clause = analysis.simd_clause(node)
             if reason is not None:
                 reasons.append(reason)
                 continue
-            todo.append((node, analysis.reduction_clauses(reductions)))
+            todo.append((node, clause))
     return todo, done, reasons
 
 
