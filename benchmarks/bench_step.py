@@ -149,7 +149,7 @@ def table(results: dict[str, dict[str, float | None]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", type=Path, help="another checkout of this repository (a before)")
+    parser.add_argument("--baseline", type=Path, help="another checkout (a before)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--examples", default=",".join(EXAMPLES))
     parser.add_argument("--conditions", default="idle,loaded")
