@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from htam_engine import stats
+from htam_engine.evaluate.cache import usable_as_baseline
 from htam_engine.evaluate.runner import _record_conditions, compare
-from htam_engine.evaluate.verdict import Verdict
+from htam_engine.evaluate.verdict import SUSPECT_SPEEDUP, Verdict
 from htam_engine.loop import LoopConfig, Optimizer
 from htam_engine.memory import MemoryStore
 from htam_engine.stats import Interval
@@ -49,6 +50,16 @@ def test_a_slower_incumbent_makes_the_candidate_faster(task_path: Path) -> None:
     verdict = compare(load_task(task_path), NAIVE, slower, device="cpu")
     assert verdict.correct, verdict.error
     assert verdict.interval.low > 1.5, verdict.interval
+
+
+def test_a_duel_far_above_a_slow_incumbent_is_no_suspect(task_path: Path) -> None:
+    """Over 10x against the best so far is a plausible step (a naive nest reordered): the
+    cap on plausible speedups is over PyTorch, so such a duel can confirm a win."""
+    slowest = _with_forward_prefix(NAIVE, "__import__('time').sleep(0.25)")
+    verdict = compare(load_task(task_path), NAIVE, slowest, device="cpu")
+    assert verdict.correct, verdict.error
+    assert verdict.interval.low > SUSPECT_SPEEDUP, verdict.interval
+    assert not verdict.suspect and usable_as_baseline(verdict)
 
 
 def test_a_wrong_incumbent_is_no_standard_for_the_candidate(task_path: Path) -> None:
