@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from htam_engine.memory import EVIDENCE_BOUND, START, Graph, Outcome, load_seed
+from htam_engine.memory.model import LocalNode
 from htam_engine.policy import (
     MODES,
     EvidenceLocalSelector,
@@ -204,6 +205,19 @@ def test_no_transitions_ignores_edges_and_random_is_uniform() -> None:
     assert {round(c.probability, 12) for c in uniform.candidates} == {round(1 / len(fitting), 12)}
 
 
+def test_greedy_takes_the_top_direction_without_edges_or_sampling() -> None:
+    graph, s = load_seed("cpu"), state("cpu", family="reduction", features={"loops"})
+    chosen = {
+        select_global(graph, [START], s, PolicyConfig(mode="greedy"), random.Random(seed)).chosen
+        for seed in range(20)
+    }
+    decision = select_global(graph, [START], s, PolicyConfig(mode="greedy"), random.Random(0))
+    top = max(decision.candidates, key=lambda c: c.score)
+    assert chosen == {top.id}
+    assert all(c.edge_terms == [] for c in decision.candidates)
+    assert sorted(c.probability for c in decision.candidates)[-2:] == [0.0, 1.0]
+
+
 def test_flat_mode_chooses_a_local_and_its_parent() -> None:
     graph = load_seed("cuda")
     decision = select_global(graph, [START], state(), PolicyConfig(mode="flat"), random.Random(3))
@@ -246,6 +260,22 @@ def test_local_selector_prefers_applicable_mechanical_and_explains_blocked() -> 
         EvidenceLocalSelector().choose(graph, "memory_access", state(), everything)
 
 
+def test_a_compound_rewrite_wins_a_tie_among_mechanical_strategies() -> None:
+    """Equal scores: the rewrite bundling edits that only pay together is tried first,
+    whatever the ids' order."""
+    graph = load_seed("cpu")
+    graph.locals = {
+        node.id: node
+        for node in (
+            LocalNode("a_single", "vectorization", "single", "", mechanical="cpu.omp_simd"),
+            LocalNode("z_bundle", "vectorization", "bundle", "", mechanical="cpu.vector_math"),
+            LocalNode("b_plain", "vectorization", "plain", "", mechanical="cpu.restrict"),
+        )
+    }
+    decision = EvidenceLocalSelector().choose(graph, "vectorization", state("cpu"), {})
+    assert [lid for lid, *_ in decision.ranking] == ["z_bundle", "a_single", "b_plain"]
+
+
 def test_evidence_overtakes_the_mechanical_tie_break() -> None:
     """Mechanical strategies only break ties: what the memory learned decides."""
     graph = load_seed("cuda")
@@ -286,6 +316,6 @@ def test_reward_is_log_speedup_when_correct_and_a_penalty_otherwise() -> None:
 
 def test_bad_config_is_refused() -> None:
     with pytest.raises(ValueError, match="mode"):
-        PolicyConfig(mode="greedy")  # type: ignore[arg-type]
+        PolicyConfig(mode="bogus")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         PolicyConfig(tau=0)

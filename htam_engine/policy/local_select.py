@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from htam_engine.memory.model import Graph, LocalNode
 from htam_engine.state import State
+from htam_engine.strategies import REGISTRY
 
 N0 = 3.0
 
@@ -35,6 +36,12 @@ STOP = "stop"  # the answer that ends the run and keeps the best (`LLMLocalSelec
 def unfit(node: LocalNode, state: State) -> str | None:
     """Why `node` does not fit the state's kernel by its own declarations, or None."""
     return node.fits(state.family, state.tags())
+
+
+def _tie_break(node: LocalNode) -> tuple[bool, bool]:
+    """Sort key among equal scores: mechanical first, then a compound rewrite."""
+    rewrite = REGISTRY.get(node.mechanical) if node.mechanical else None
+    return not node.mechanical, not (rewrite is not None and rewrite.compound)
 
 
 class NoApplicableStrategy(LookupError):
@@ -71,7 +78,8 @@ class EvidenceLocalSelector:
         ]
         # Mechanical (deterministic, cheap) strategies first only among equal scores: as a
         # score bonus it outweighed every learned utility (benchmarks/README.md, simulation).
-        usable.sort(key=lambda item: (-item[1], not graph.locals[item[0]].mechanical, item[0]))
+        # Among those, a compound first: its edits pay together, where one alone is refused.
+        usable.sort(key=lambda item: (-item[1], *_tie_break(graph.locals[item[0]]), item[0]))
         ranking = usable + sorted(blocked)
         if not usable:
             reasons = "; ".join(f"{lid}: {why_not[lid]}" for lid, _, _ in scored)

@@ -35,6 +35,10 @@ class Rewrite:
     backend: str  # "cuda" | "cpu"
     description: str
     planner: Callable[[bytes], Plan]
+    # bundles edits that only pay together (code and the flags it needs): among strategies
+    # the memory scores equally, a compound is tried first (one step reaches what the
+    # single edits, each refused alone, never do)
+    compound: bool = False
 
     def check(self, source: str) -> str | None:
         """None when the rewrite applies to `source`, else a short reason why not."""

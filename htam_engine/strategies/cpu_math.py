@@ -284,6 +284,7 @@ REWRITES = [
         "branch-free selects, omp simd (+/max/min reductions) on inner loops, libmvec vector math "
         "(declare simd), -O3 -march=native -fopenmp-simd -fno-math-errno",
         plan_vector_math,
+        compound=True,
     ),
     Rewrite(
         "cpu.branchless",

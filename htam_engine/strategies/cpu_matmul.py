@@ -291,5 +291,6 @@ REWRITES = [
         "contiguous (row-major B); 4 outputs per pass (register blocking) when k is (an "
         "(N, K) weight)",
         plan_matmul,
+        compound=True,
     ),
 ]
