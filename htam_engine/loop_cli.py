@@ -18,6 +18,7 @@ from htam_engine import events
 from htam_engine.errors import NoStartError, ReferenceFailed, UserError
 from htam_engine.evaluate.cli import add_baseline_argument, add_policy_arguments
 from htam_engine.machine import DEVICE_CHOICES
+from htam_engine.policy.global_select import MODES
 from htam_engine.report import (
     format_bounded,
     format_duel,
@@ -53,6 +54,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--no-cache", action="store_true", help="time every candidate afresh (the start too)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the policy's sampling")
+    p.add_argument(
+        "--selection",
+        choices=MODES,
+        default="htam",
+        help="how directions are picked: htam (the memory's transitions, default) or an "
+        "ablation to compare against (flat retrieval, random, greedy, ...)",
+    )
     p.add_argument("--start", help="take the starting implementation from this file")
     p.add_argument("--output", help="output folder (default .htam-out/<task>-<run id>)")
     p.add_argument("--candidates", type=int, default=1, help="LLM answers per step (best-of-k)")
@@ -77,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from htam_engine.llm import LLMError, RunBudget, make_provider
     from htam_engine.loop import LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
+    from htam_engine.policy import PolicyConfig
     from htam_engine.report import write_outputs
     from htam_engine.task import load_task, with_policy, with_start
 
@@ -127,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             device=args.device,
             seed=args.seed,
+            policy=PolicyConfig(mode=args.selection),
             candidates=args.candidates,
             exclude=args.exclude,
             use_cache=not args.no_cache,

@@ -21,8 +21,8 @@ from htam_engine.policy.local_select import NoApplicableStrategy
 from htam_engine.state import PathEntry, State
 from htam_engine.vocabulary import STATUS_TABLE
 
-Mode = Literal["htam", "no_transitions", "flat", "no_local", "random"]
-MODES: tuple[str, ...] = ("htam", "no_transitions", "flat", "no_local", "random")
+Mode = Literal["htam", "no_transitions", "flat", "no_local", "random", "greedy"]
+MODES: tuple[str, ...] = ("htam", "no_transitions", "flat", "no_local", "random", "greedy")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class PolicyConfig:
     """Knobs of the policy. `mode` selects the full method or one of its ablations.
 
     "no_local" selects globals exactly like "htam"; the loop then skips local selection.
+    "greedy" always takes the direction whose own utility and triggers score highest (no
+    transitions, no sampling): the exploit-only baseline.
     """
 
     K: int = 3
@@ -167,6 +169,9 @@ def select_global(
         candidates = [_global_candidate(gid, graph, weights, state, config) for gid in directions]
     if config.mode == "random":
         probabilities = [1.0 / len(candidates)] * len(candidates)
+    elif config.mode == "greedy":
+        top = max(range(len(candidates)), key=lambda i: candidates[i].score)
+        probabilities = [float(i == top) for i in range(len(candidates))]
     else:
         probabilities = softmax([c.score / config.tau for c in candidates])
     for candidate, probability in zip(candidates, probabilities, strict=True):
@@ -201,7 +206,7 @@ def _global_candidate(
     operator family), its own utility and its triggers."""
     node, tags = graph.globals[gid], state.tags()
     terms = []
-    if config.mode != "no_transitions":
+    if config.mode not in ("no_transitions", "greedy"):
         for w in weights:
             edge = graph.edges.get((w.source, gid))
             stats, prior = (edge.stats, edge.prior_for(state.family)) if edge else (Stats(), 0.0)
