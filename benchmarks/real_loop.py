@@ -1,15 +1,25 @@
 """The real loop on CPU: `htam optimize` with the offline provider on every task.
 
     .venv/bin/python benchmarks/real_loop.py [--quick] [--steps N] [--device cpu]
-        [--tasks all|examples|kernelbench] [--engine DIR] [--out FILE]
+        [--tasks all|examples|kernelbench] [--engine DIR] [--before DIR]
+        [--arms htam,flat,random,greedy] [--out FILE]
 
 The tasks are `examples/*/<device>_naive.py` and, on the CPU, the naive C++ starts of
 KernelBench level-1 problems in `tests/fixtures/kernelbench/naive_cpu/*_cpu.py`. Each runs as
 `python -m htam_engine.cli optimize ... --json` in a subprocess, one after the other (timing
 needs the cores), with HTAM_HOME in a fresh temporary folder shared by the whole run, so
 the memory learns across the tasks the way it does for a user. The offline provider
-applies mechanical rewrites only. `--engine DIR` runs another checkout's engine (for
-example the main branch, as the "before") on the same tasks.
+applies mechanical rewrites only. `--engine DIR` runs another checkout's engine.
+
+Arms, compared in one run: `--arms` names selection policies (`htam optimize
+--selection`: htam, flat, random, greedy, ...) and `--before DIR` adds the arm `before`,
+DIR's engine with its default policy. Each task runs under every arm in turn (so a drift
+of the machine reaches every arm alike), each arm with a memory of its own that learns
+across the tasks; the verdict cache and the machine's limits are shared (a verdict is
+keyed by the evaluator's code, so engines never share one, while the same candidate of
+the same engine is timed once). Compared against the first arm, paired by task: the best
+over the start (geomean ratio with a 95 % bootstrap interval over tasks) and the
+evaluations until a kept step reached 1.5x over the start.
 
 Reported per task: the best over the start with its paired 95 % interval, over PyTorch
 (timed at the same thread count), the steps that improved, the wall time; then the
@@ -23,11 +33,13 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +60,31 @@ def task_name(path: Path) -> str:
     return path.parent.name if path.parent.parent.name == "examples" else path.stem
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One way of running the loop: an engine's checkout and a selection policy (None:
+    the engine's default, for an engine from before `--selection`)."""
+
+    name: str
+    engine: Path = ROOT
+    selection: str | None = None
+
+
+SHARED = ("eval-cache", "machine", "sizes")  # HTAM home folders every arm may share
+
+
+def arm_home(home: Path, arm: Arm) -> Path:
+    """`arm`'s own HTAM home (its memory) whose verdict cache and machine limits are
+    links to the run's shared ones."""
+    own = home / f"arm-{arm.name}"
+    own.mkdir(parents=True, exist_ok=True)
+    for name in SHARED:
+        (home / "shared" / name).mkdir(parents=True, exist_ok=True)
+        if not (own / name).exists():
+            (own / name).symlink_to(home / "shared" / name)
+    return own
+
+
 def run_example(
     path: Path,
     steps: int,
@@ -55,9 +92,9 @@ def run_example(
     seed: int,
     home: Path,
     timeout_s: float = TIMEOUT_S,
-    engine: Path = ROOT,
+    arm: Arm = Arm("htam"),
 ) -> dict[str, Any]:
-    """One `htam optimize` run of `engine`'s code (`python -m` puts its folder first on the
+    """One `htam optimize` run of `arm`'s engine (`python -m` puts its folder first on the
     path); a failed run is recorded with its error, never raised."""
     name = task_name(path)
     command = [
@@ -65,11 +102,13 @@ def run_example(
         "--provider", "offline", "--device", device, "--steps", str(steps),
         "--seed", str(seed), "--json", "--output", str(home / f"out-{name}"),
     ]  # fmt: skip
-    env = {**os.environ, "HTAM_HOME": str(home), "PYTHONPATH": str(engine)}
+    if arm.selection is not None:
+        command += ["--selection", arm.selection]
+    env = {**os.environ, "HTAM_HOME": str(home), "PYTHONPATH": str(arm.engine)}
     started = time.monotonic()
     try:
         done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=engine
+            command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=arm.engine
         )
     except subprocess.TimeoutExpired:
         return {"example": name, "error": f"timed out after {timeout_s:.0f} s"}
@@ -91,6 +130,7 @@ def run_example(
 
 def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
     verdicts = [result["start_verdict"], *(s["verdict"] for s in result["steps"])]
+    start = result["start_verdict"].get("speedup")
     return {
         "correct": result["correct"],
         "best_speedup": result["best_speedup"],
@@ -106,12 +146,27 @@ def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
                 "status": s["status"],
                 "speedup": s["speedup"],
                 "correct": bool(s["verdict"].get("correct")),
+                # the candidate's ratio over the start, from their timings vs PyTorch
+                "over_start": _over(s["verdict"].get("speedup"), start),
             }
             for s in result["steps"]
         ],
         "phase_seconds": [v.get("phase_seconds") or {} for v in verdicts],
         "best_source": result["best_source"],
     }
+
+
+def _over(value: float | None, base: float | None) -> float | None:
+    return value / base if value and base else None
+
+
+def evaluations_to(run: dict[str, Any], target: float) -> int | None:
+    """The evaluations (the start is the first) until a kept step reached `target` over
+    the start; None: not within the run."""
+    for number, step in enumerate(run.get("steps", []), start=2):
+        if step["status"] == "improved" and (step.get("over_start") or 0.0) >= target:
+            return number
+    return None
 
 
 def error_line(run: dict[str, Any]) -> str:
@@ -168,17 +223,27 @@ def _s(value: float | None) -> str:
 
 
 def markdown(out: dict[str, Any]) -> str:
-    a = out["summary"]
+    """Every arm's table, then the arms against the first one."""
+    arms = out["arms"]
+    tables = [arm_markdown(out, name, arm) for name, arm in arms.items()]
+    if len(arms) > 1:
+        tables.append(comparison_markdown(out["comparison"]))
+    return "\n\n".join(tables)
+
+
+def arm_markdown(out: dict[str, Any], name: str, arm: dict[str, Any]) -> str:
+    a = arm["summary"]
     lines = [
-        f"Real loop: offline provider, device {out['device']}, {out['steps']} steps per task, "
-        f"seed {out['seed']}, engine {out.get('engine', ROOT)}.",
+        f"Real loop, arm `{name}` (engine {arm['engine']}, selection "
+        f"{arm['selection'] or 'default'}): offline provider, device {out['device']}, "
+        f"{out['steps']} steps per task, seed {out['seed']}.",
         "",
         "| task | correct | best vs start (95 %) | best vs PyTorch | start vs PyTorch | improved "
         "steps | wall s | steps (direction/strategy: status) | compile / verify / time s "
         "(median) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in out["runs"]:
+    for r in arm["runs"]:
         if "error" in r:
             lines.append(f"| {r['example']} | run failed: {error_line(r)} | | | | | | | |")
             continue
@@ -209,12 +274,94 @@ def markdown(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def compare_arms(arms: dict[str, dict[str, Any]], target: float = 1.5) -> dict[str, Any]:
+    """Each arm against the first, paired by task (tasks where both runs succeeded)."""
+    names = list(arms)
+    runs = {name: {r["example"]: r for r in arms[name]["runs"]} for name in names}
+    base = names[0]
+    rows = []
+    for task in runs[base]:
+        row: dict[str, Any] = {"task": task}
+        for name in names:
+            run = runs[name].get(task, {})
+            ok = "error" not in run and bool(run)
+            row[name] = {
+                "best": run.get("best_speedup") if ok else None,
+                "evaluations_to_target": evaluations_to(run, target) if ok else None,
+            }
+        rows.append(row)
+    versus = {}
+    for name in names[1:]:
+        pairs = [(r[name]["best"], r[base]["best"]) for r in rows]
+        ratios = [a / b for a, b in pairs if a and b]
+        versus[name] = {"tasks": len(ratios), **bootstrap_geomean(ratios)}
+    reached = {
+        name: sum(r[name]["evaluations_to_target"] is not None for r in rows) for name in names
+    }
+    return {"base": base, "target": target, "rows": rows, "versus_base": versus, "reached": reached}
+
+
+def bootstrap_geomean(ratios: list[float], draws: int = 2000) -> dict[str, float | None]:
+    """The geomean of `ratios` with a 95 % interval from resampling the tasks."""
+    if not ratios:
+        return {"geomean": None, "low": None, "high": None}
+    rng = random.Random(0)
+    logs = [math.log(r) for r in ratios]
+    means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(draws))
+    low, high = means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+    return {
+        "geomean": math.exp(statistics.fmean(logs)),
+        "low": math.exp(low),
+        "high": math.exp(high),
+    }
+
+
+def comparison_markdown(c: dict[str, Any]) -> str:
+    names = [c["base"], *c["versus_base"]]
+    target = f"{c['target']:g}x"
+    head = " | ".join(f"{n}: best / evals to {target}" for n in names)
+    lines = [
+        f"Arms against `{c['base']}`, paired by task (best over the start; evaluations, the "
+        f"start included, until a kept step reached {target} over the start; - : never).",
+        "",
+        f"| task | {head} |",
+        "| --- |" + " --- |" * len(names),
+    ]
+    for row in c["rows"]:
+        cells = [f"{_x(row[n]['best'])} / {row[n]['evaluations_to_target'] or '-'}" for n in names]
+        lines.append(f"| {row['task']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    reached = ", ".join(f"{n} {c['reached'][n]}" for n in names)
+    lines.append(f"Tasks that reached {target}: {reached} (of {len(c['rows'])}).")
+    for name, v in c["versus_base"].items():
+        if v["geomean"] is not None:
+            lines.append(
+                f"`{name}` over `{c['base']}`: geomean {v['geomean']:.2f}x "
+                f"(95 % {v['low']:.2f}-{v['high']:.2f}) over {v['tasks']} tasks."
+            )
+    return "\n".join(lines)
+
+
+def parse_arms(names: str, engine: Path, before: Path | None) -> list[Arm]:
+    """`--arms a,b` (selection policies of `engine`) and `--before DIR` as the last arm."""
+    arms = [Arm(n.strip(), engine, n.strip()) for n in names.split(",") if n.strip()]
+    if len(arms) == 1 and arms[0].name == "htam":
+        arms = [Arm("htam", engine)]  # the default policy: any engine runs it
+    if before is not None:
+        arms.append(Arm("before", before.resolve()))
+    return arms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="first example, 2 steps")
     parser.add_argument("--steps", type=int, help="steps per task (default 6; quick 2)")
     parser.add_argument("--tasks", choices=("all", "examples", "kernelbench"), default="all")
     parser.add_argument("--engine", type=Path, default=ROOT, help="checkout whose engine runs")
+    parser.add_argument("--before", type=Path, help="also run this checkout's engine (arm before)")
+    parser.add_argument(
+        "--arms", default="htam", help="selection policies to compare (htam,flat,random,greedy)"
+    )
     parser.add_argument("--only", help="comma-separated task names (the table's first column)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--seed", type=int, default=0)
@@ -226,15 +373,24 @@ def main() -> None:
     tasks = task_paths(args.device, args.tasks)[: 1 if args.quick else None]
     if args.only:
         tasks = [p for p in tasks if task_name(p) in args.only.split(",")]
-    engine = args.engine.resolve()
+    if not tasks:
+        parser.error(f"no task matches --only {args.only}")
+    arms = parse_arms(args.arms, args.engine.resolve(), args.before)
     out: dict[str, Any] = {"device": args.device, "steps": steps, "seed": args.seed}
-    out |= {"engine": str(engine), "runs": []}
+    out["arms"] = {
+        a.name: {"engine": str(a.engine), "selection": a.selection, "runs": []} for a in arms
+    }
     with tempfile.TemporaryDirectory(prefix="htam-bench-") as home:
         for path in tasks:  # written after every task: a long run's partial result survives
-            out["runs"].append(
-                run_example(path, steps, args.device, args.seed, Path(home), engine=engine)
-            )
-            out["summary"] = aggregate(out["runs"])
+            for arm in arms:
+                run = run_example(
+                    path, steps, args.device, args.seed, arm_home(Path(home), arm), arm=arm
+                )
+                results = out["arms"][arm.name]
+                results["runs"].append(run)
+                results["summary"] = aggregate(results["runs"])
+            if len(arms) > 1:
+                out["comparison"] = compare_arms(out["arms"])
             out["markdown"] = markdown(out)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(out, indent=1))

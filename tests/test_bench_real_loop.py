@@ -25,12 +25,12 @@ def test_one_example_one_step_on_cpu(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
-    (run,) = data["runs"]
+    (run,) = data["arms"]["htam"]["runs"]
     assert "error" not in run, run["error"]
     assert len(run["steps"]) == 1 and len(run["phase_seconds"]) == 2  # start + one step
     start_phases = run["phase_seconds"][0]
     assert all(start_phases[p] > 0 for p in ("compile", "verify", "time"))
-    summary = data["summary"]
+    summary = data["arms"]["htam"]["summary"]
     assert summary["candidates"] == 1 and 0 <= summary["correct_rate"] <= 1
     assert summary["geomean_start_over_pytorch"] > 0
     assert data["markdown"] in done.stdout
@@ -48,6 +48,7 @@ def _script() -> Any:
     spec = importlib.util.spec_from_file_location("real_loop_script", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -71,8 +72,51 @@ def test_a_win_is_confirmed_only_by_an_interval_above_one() -> None:
     }  # fmt: skip
     tie = {**run, "example": "u", "best_interval": [0.9, 1.2]}
     none = {**run, "example": "v", "improved_steps": [], "best_interval": None}
-    out = {"device": "cpu", "steps": 1, "seed": 0, "runs": [run, tie, none]}
-    out["summary"] = script.aggregate(out["runs"])
-    assert out["summary"]["confirmed_wins"] == 1
-    table = script.markdown(out)
+    arm = {"engine": ".", "selection": None, "runs": [run, tie, none]}
+    arm["summary"] = script.aggregate(arm["runs"])
+    assert arm["summary"]["confirmed_wins"] == 1
+    table = script.markdown({"device": "cpu", "steps": 1, "seed": 0, "arms": {"htam": arm}})
     assert "3.00x (2.50-3.50)" in table and "| none |" in table
+
+
+def _run(task: str, best: float, *over_start: float) -> dict[str, Any]:
+    steps = [
+        {"status": "improved" if o > 1 else "not_improved", "over_start": o} for o in over_start
+    ]
+    return {"example": task, "best_speedup": best, "steps": steps}
+
+
+def test_arms_are_compared_paired_by_task() -> None:
+    """Evaluations to 1.5x count the start and only kept steps; the geomean ratio pairs each
+    task's best under an arm with the first arm's; a failed run pairs with nothing."""
+    script = _script()
+    htam = [_run("a", 2.0, 1.2, 1.6), _run("b", 3.0, 3.0), _run("c", 1.0, 0.9)]
+    flat = [_run("a", 1.0, 0.8, 0.9), _run("b", 1.5, 1.5), {"example": "c", "error": "x"}]
+    arms = {"htam": {"runs": htam}, "flat": {"runs": flat}}
+    c = script.compare_arms(arms, target=1.5)
+    by_task = {row["task"]: row for row in c["rows"]}
+    assert by_task["a"]["htam"]["evaluations_to_target"] == 3
+    assert by_task["b"]["htam"]["evaluations_to_target"] == 2
+    assert by_task["a"]["flat"]["evaluations_to_target"] is None
+    assert by_task["c"]["flat"]["best"] is None
+    assert c["reached"] == {"htam": 2, "flat": 1}
+    versus = c["versus_base"]["flat"]
+    assert versus["tasks"] == 2 and versus["geomean"] == pytest.approx(0.5)
+    assert versus["low"] <= versus["geomean"] <= versus["high"]
+    assert "`flat` over `htam`: geomean 0.50x" in script.comparison_markdown(c)
+
+
+def test_arms_share_the_verdict_cache_but_not_the_memory(tmp_path: Path) -> None:
+    script = _script()
+    arms = script.parse_arms("htam,greedy", Path("."), before=tmp_path)
+    assert [(a.name, a.selection) for a in arms] == [
+        ("htam", "htam"),
+        ("greedy", "greedy"),
+        ("before", None),
+    ]
+    homes = [script.arm_home(tmp_path, arm) for arm in arms]
+    assert len(set(homes)) == 3
+    (homes[0] / "eval-cache" / "verdicts").write_text("v")
+    assert (homes[1] / "eval-cache" / "verdicts").read_text() == "v"
+    assert not (homes[1] / "memory.sqlite3").exists()
+    assert script.parse_arms("htam", Path("."), None)[0].selection is None  # any engine
