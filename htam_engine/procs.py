@@ -19,6 +19,20 @@ def _parents() -> dict[int, int]:
     return parents
 
 
+def ancestors(pid: int) -> list[int]:
+    """The live processes above `pid`, its parent first (empty where there is no /proc)."""
+    found: list[int] = []
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return found
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        if pid <= 0:
+            return found
+        found.append(pid)
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below `pid` (a daemon that left its session included, as long
     as it was not reparented outside the tree); empty where there is no /proc."""

@@ -49,6 +49,7 @@ from htam_engine.evaluate.process import (
     thaw,
 )
 from htam_engine.evaluate.verdict import Check
+from htam_engine.procs import ancestors
 
 Outputs = list[torch.Tensor]
 ROLES = ("reference", "candidate")
@@ -259,6 +260,7 @@ class Side:
         )
         self.calls = 0
         self.main: int | None = None  # the worker's own process, found at its first call
+        self.above: frozenset[int] | None = None  # the processes above it (`sandbox`)
         self.core: int | None = None  # the core it is pinned to while timed
         self.canaries = 0  # canary ops asked for: its op record must hold them all
 
@@ -267,6 +269,15 @@ class Side:
         if self.main is None:
             self.main = accounting.main_process(members)
         return accounting.read(self.main, members) if self.main else None
+
+    def sandbox(self, members: list[int]) -> frozenset[int]:
+        """The processes of `members` above the worker's own: the sandbox's, which no
+        candidate code runs in (a process's ancestors never change while it lives)."""
+        if self.main is None:
+            return frozenset()
+        if self.above is None:
+            self.above = frozenset(ancestors(self.main))
+        return frozenset(pid for pid in members if pid in self.above)
 
     def make_buffers(self, sizes: tuple[int, int]) -> None:
         """Before `load`, so no candidate code has run that could have planted them."""
@@ -481,7 +492,8 @@ class Judge:
         freeze(side.child)
         side.tracked()
         if tasks_before and seen:
-            self._policy(side, tasks.observe(tasks_before, seen, side.core, wall_s))
+            ran = tasks.observe(tasks_before, seen, side.core, wall_s, side.sandbox(members))
+            self._policy(side, ran)
         if any(mark.get("k") != side.calls for mark in marks):
             self.timing.fail("timing.call_count", side.role, f"call {side.calls} mismatched")
         side.calls += 1

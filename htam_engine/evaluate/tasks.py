@@ -5,7 +5,10 @@ call the judge reads every task's CPU time (schedstat) and, after it, every task
 affinity. A task counts as running when it took more than `RUNNING_SHARE` of the call's
 wall time (a thread that only waited does not); a candidate that starts more threads
 than the policy allows, or widens its affinity past the core it was pinned to, cannot
-hide it from these books, whatever it says about itself.
+hide it from these books, whatever it says about itself. The sandbox's own processes
+above the worker (bwrap, woken when the worker is stopped and continued around a call)
+are not counted as running: on the one pinned core they add no speed, and their
+affinity and CPU time still count for `widened` and `parallel`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Snapshot:
 
     tasks: dict[int, tuple[int, frozenset[int]]]
     processes: dict[int, int]
+    owners: dict[int, int]  # task -> its process
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class Observed:
 def snapshot(pids: list[int]) -> Snapshot:
     tasks: dict[int, tuple[int, frozenset[int]]] = {}
     processes: dict[int, int] = {}
+    owners: dict[int, int] = {}
     for pid in pids:
         with contextlib.suppress(OSError):
             processes[pid] = time.clock_gettime_ns((~pid << 3) | _CPUCLOCK_SCHED)
@@ -56,16 +61,25 @@ def snapshot(pids: list[int]) -> Snapshot:
                 with contextlib.suppress(OSError, ValueError):
                     cpu = int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
                     tasks[int(task)] = (cpu, frozenset(os.sched_getaffinity(int(task))))
-    return Snapshot(tasks, processes)
+                    owners[int(task)] = pid
+    return Snapshot(tasks, processes, owners)
 
 
-def observe(before: Snapshot, after: Snapshot, core: int | None, wall_s: float) -> Observed:
+def observe(
+    before: Snapshot,
+    after: Snapshot,
+    core: int | None,
+    wall_s: float,
+    sandbox: frozenset[int] = frozenset(),
+) -> Observed:
     """What ran between `before` and `after` (a task new since `before` started at 0);
-    `core` is the one the worker is pinned to (None: not pinned)."""
+    `core` is the one the worker is pinned to (None: not pinned); the tasks of the
+    `sandbox` processes are not counted as running."""
     floor = max(RUNNING_FLOOR_NS, RUNNING_SHARE * wall_s * 1e9)
     ran = {
         task: cpu - before.tasks.get(task, (0, frozenset()))[0]
         for task, (cpu, _) in after.tasks.items()
+        if after.owners.get(task) not in sandbox
     }
     names = [f"{_name(task)} {ns / 1e6:.1f} ms" for task, ns in ran.items() if ns > floor]
     masks = [mask for _, mask in after.tasks.values()]
