@@ -122,6 +122,16 @@ def test_a_reference_that_cannot_be_counted_says_why() -> None:
     assert not work.known and "failed" in work.why
 
 
+def test_the_fp32_peak_is_the_cores_fma_rate_not_only_torchs_gemm() -> None:
+    """The FMA chains reach at least what torch's GEMM does (no honest kernel beats the
+    core's FMA rate; torch's GEMM may be far below it, and a peak taken from it alone
+    called an honest register-tiled matmul faster than light)."""
+    import torch
+
+    torch.set_num_threads(1)
+    assert roofline._fma_gflops() >= 0.8 * roofline._gemm_gflops(torch, 512)
+
+
 def test_the_machine_is_measured_once_and_kept_by_its_fingerprint() -> None:
     """A real measurement in this test's home; the second ask reads it; a refresh keeps
     the best of each number (a neighbour only ever makes one low)."""
