@@ -4,6 +4,7 @@ applies to a naive KernelBench start compiles with g++ and matches its PyTorch r
 
 from __future__ import annotations
 
+import ctypes
 import re
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from htam_engine.strategies import REGISTRY
 
 NAIVE = Path(__file__).resolve().parent / "fixtures" / "kernelbench" / "naive_cpu"
 STARTS = sorted(NAIVE.glob("*_cpu.py"))
-NEW = ("cpu.vector_math", "cpu.branchless", "cpu.loop_order", "cpu.reciprocal")
+NEW = ("cpu.vector_math", "cpu.branchless", "cpu.loop_order", "cpu.reciprocal", "cpu.register_tile")
 
 
 @pytest.fixture(autouse=True)
@@ -191,6 +192,38 @@ def test_loop_order_follows_the_layout() -> None:
     assert "neither" in str(REGISTRY["cpu.loop_order"].check(strided))
     reads_out = MATMUL.replace("B_INDEX", "c[i * N + j]")
     assert "output is read" in str(REGISTRY["cpu.loop_order"].check(reads_out))
+
+
+@pytest.mark.parametrize("form", ["dot", "perfect"])
+def test_the_register_tile_is_exact_on_ragged_sizes(form: str) -> None:
+    """Full tiles and both edges (sizes no tile divides), in both nest forms: each output
+    sums its k terms in the original order, so the result equals the plain nest's."""
+    code = MATMUL.replace("B_INDEX", "b[k * N + j]")
+    if form == "perfect":
+        code = code.replace("float acc = 0.0f;", "").replace("acc += ", "c[i * N + j] += ")
+        code = code.replace("c[i * N + j] = acc;", "")
+    tiled = REGISTRY["cpu.register_tile"].apply(code)
+    assert "_tile[" in tiled and REGISTRY["cpu.register_tile"].check(tiled) is not None
+    flags = ["-O3", "-march=native", "-fopenmp-simd"]
+    m, n, k = 37, 70, 29
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    outputs = []
+    for source in (code, tiled):
+        library = ctypes.CDLL(str(build_cpp(source, flags)))
+        c = torch.zeros(m, n)
+        library.mm(
+            *(ctypes.c_void_p(t.data_ptr()) for t in (a, b, c)), *map(ctypes.c_long, (m, n, k))
+        )
+        outputs.append(c)
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(outputs[1], a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_the_register_tile_needs_a_row_major_b() -> None:
+    weight = MATMUL.replace("B_INDEX", "b[j * K + k]")
+    assert "row-major B" in str(REGISTRY["cpu.register_tile"].check(weight))
+    source = (EXAMPLES / "matmul" / "cpu_naive.py").read_text()
+    assert REGISTRY["cpu.register_tile"].check(source) is None
 
 
 def test_cache_block_waits_for_the_loop_order() -> None:

@@ -13,7 +13,7 @@ EXPECTED_IDS = {
     "cuda.block_size", "cuda.restrict_const", "cuda.pragma_unroll", "cuda.launch_bounds",
     "cuda.grid_stride", "cuda.vectorize_float4", "cuda.fast_math", "cpu.omp_parallel_for",
     "cpu.omp_simd", "cpu.opt_flags", "cpu.restrict", "cpu.cache_block", "cpu.vector_math",
-    "cpu.branchless", "cpu.loop_order", "cpu.reciprocal", "triton.num_warps",
+    "cpu.branchless", "cpu.loop_order", "cpu.reciprocal", "cpu.register_tile", "triton.num_warps",
     "triton.num_stages", "triton.block_size", "triton.autotune", "triton.group_m",
 }  # fmt: skip
 # Rewrites that apply to only some examples; every other one applies to all four.
@@ -22,6 +22,7 @@ ONLY = {
     "cpu.branchless": set(),  # no example branches per element
     "cpu.reciprocal": set(),  # the examples divide outside their inner loops
     "cpu.loop_order": {"matmul", "linear_relu"},
+    "cpu.register_tile": {"matmul"},
     "cpu.omp_simd": {"linear_relu", "matmul"},  # gelu's erff, softmax's expf: vector math
     "cuda.pragma_unroll": {"linear_relu"},
     "cuda.vectorize_float4": {"gelu"},

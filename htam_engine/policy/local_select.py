@@ -38,10 +38,12 @@ def unfit(node: LocalNode, state: State) -> str | None:
     return node.fits(state.family, state.tags())
 
 
-def _tie_break(node: LocalNode) -> tuple[bool, bool]:
-    """Sort key among equal scores: mechanical first, then a compound rewrite."""
+def _tie_break(node: LocalNode, tags: set[str]) -> tuple[bool, bool, int]:
+    """Sort key among equal scores: mechanical first, then a compound rewrite, then the
+    strategy more of whose applicability tags the state has (the more specific)."""
     rewrite = REGISTRY.get(node.mechanical) if node.mechanical else None
-    return not node.mechanical, not (rewrite is not None and rewrite.compound)
+    compound = rewrite is not None and rewrite.compound
+    return not node.mechanical, not compound, -len(set(node.applicability) & tags)
 
 
 class NoApplicableStrategy(LookupError):
@@ -78,8 +80,11 @@ class EvidenceLocalSelector:
         ]
         # Mechanical (deterministic, cheap) strategies first only among equal scores: as a
         # score bonus it outweighed every learned utility (benchmarks/README.md, simulation).
-        # Among those, a compound first: its edits pay together, where one alone is refused.
-        usable.sort(key=lambda item: (-item[1], *_tie_break(graph.locals[item[0]]), item[0]))
+        # Among those, a compound first (its edits pay together, where one alone is
+        # refused), then the more specific (the more of its applicability tags match).
+        usable.sort(
+            key=lambda item: (-item[1], *_tie_break(graph.locals[item[0]], tags), item[0])
+        )
         ranking = usable + sorted(blocked)
         if not usable:
             reasons = "; ".join(f"{lid}: {why_not[lid]}" for lid, _, _ in scored)

@@ -12,10 +12,17 @@ load in a sum over a middle dimension). The operand indexed by j decides the ord
 - k contiguous in it (`w[j * K + k]`, nn.Linear's (N, K) weight): the dot product is the
   right order; four outputs are computed per pass over k (register blocking: each X is
   loaded once for four FMAs) with a vector reduction over k, and a scalar tail.
+
+`cpu.register_tile` goes further for a row-major B: a micro-kernel keeps a tile of
+outputs (8 x 32 floats with AVX-512, 16 zmm registers; 6 x 16 otherwise) in registers
+across the whole k loop, so each loaded row piece of B feeds a tile's rows of FMAs and
+OUT is read and written once; the edges run the original nest. Each output still sums its
+k terms in the original order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tree_sitter import Node
@@ -233,6 +240,63 @@ def _blocked(nest: Nest, pad: str) -> str:
     return f"\n{pad}".join(lines)
 
 
+TILE_SIZES = (  # (rows, columns) of the register tile, chosen by the compiler's ISA macro
+    "#if defined(__AVX512F__)",
+    "enum {{ {rows} = 8, {cols} = 32 }};",
+    "#else",
+    "enum {{ {rows} = 6, {cols} = 16 }};",
+    "#endif",
+)
+
+
+def _register_tile(nest: Nest, pad: str) -> str:
+    """The micro-kernel over full tiles, then the original j body on the edges."""
+    i, j = nest.i, nest.j
+    iv, jv = i.var, j.var
+    rows, cols = f"{iv}{jv}_rows", f"{iv}{jv}_cols"
+    tile, it, jt, ir, jq = f"{iv}{jv}_tile", f"{iv}_t", f"{jv}_t", f"{iv}_r", f"{jv}_q"
+    at = {iv: f"({it} + {ir})", jv: f"({jt} + {jq})"}
+    cell = f"{tile}[{ir}][{jq}]"
+    if nest.init is None:  # the perfect nest accumulates onto OUT's own value
+        acc_type = f"decltype({substitute(nest.out, {iv: it, jv: jt})} + 0)"  # no reference
+        first, last = substitute(nest.out, at), cell
+    else:
+        acc_type, first = _acc_type(nest), substitute(nest.init, at)
+        last = substitute(nest.post, {**at, nest.acc: cell}) if nest.post else cell
+    i0, n_i, j0, n_j = (text(x) for x in (i.start, i.bound, j.start, j.bound))
+    body = text(j.node.child_by_field_name("body"))
+
+    def over_tile(statement: str, pad: str = "    ") -> list[str]:
+        return [
+            f"{pad}for (int {ir} = 0; {ir} < {rows}; ++{ir}) {{",
+            "#pragma omp simd",
+            f"{pad}    for (int {jq} = 0; {jq} < {cols}; ++{jq}) {statement};",
+            f"{pad}}}",
+        ]
+
+    lines = [
+        "{",
+        *(line.format(rows=rows, cols=cols) for line in TILE_SIZES),
+        f"{i.type} {iv}_main = {i0} + ({n_i} - {i0}) / {rows} * {rows};",
+        f"{j.type} {jv}_main = {j0} + ({n_j} - {j0}) / {cols} * {cols};",
+        f"for ({j.type} {jt} = {j0}; {jt} < {jv}_main; {jt} += {cols})",
+        f"for ({i.type} {it} = {i0}; {it} < {iv}_main; {it} += {rows}) {{",
+        f"    {acc_type} {tile}[{rows}][{cols}];",
+        *over_tile(f"{cell} = {first}"),
+        f"    {_header(nest.k)} {{",
+        *over_tile(f"{cell} += {substitute(nest.product, at)}", "        "),
+        "    }",
+        *over_tile(f"{substitute(nest.out, at)} = {last}"),
+        "}",
+        f"for ({i.type} {iv} = {i0}; {iv} < {iv}_main; ++{iv})",
+        f"    for ({j.type} {jv} = {jv}_main; {jv} < {n_j}; ++{jv}) {body}",
+        f"for ({i.type} {iv} = {iv}_main; {iv} < {n_i}; ++{iv})",
+        f"    for ({j.type} {jv} = {j0}; {jv} < {n_j}; ++{jv}) {body}",
+        "}",
+    ]
+    return f"\n{pad}".join(lines)
+
+
 def _acc_type(nest: Nest) -> str:
     decl = nest.init.parent.parent if nest.init is not None and nest.init.parent else None
     kind = decl.child_by_field_name("type") if decl is not None else None
@@ -248,8 +312,7 @@ def _nest_edit(code: bytes, node: Node) -> Edit | str:
     nest = recognise(node)
     if isinstance(nest, str):
         return nest
-    operand = _j_operand(nest)
-    index = operand.child_by_field_name("indices") if operand is not None else None
+    index = _j_index(nest)
     if index is None:
         return "no single operand indexed by j"
     pad = indent_of(code, node)
@@ -260,27 +323,62 @@ def _nest_edit(code: bytes, node: Node) -> Edit | str:
     return "the j operand is contiguous in neither j nor k"
 
 
-def plan_matmul_code(code: bytes, root: Node) -> Plan:
-    edits: list[Edit] = []
-    reasons: list[str] = []
-    for fn in cxx_source.functions(root):
-        for node in analysis.outermost_loops(fn):
-            edit = _nest_edit(code, node)
-            if isinstance(edit, str):
-                reasons.append(edit)
-            else:
-                edits.append(edit)
-    return edits or (reasons[0] if reasons else "no loop nest")
+def _tile_edit(code: bytes, node: Node) -> Edit | str:
+    nest = recognise(node)
+    if isinstance(nest, str):
+        return nest
+    if _tiled_edge(node, nest):
+        return "already register-tiled (this nest is a tile's edge)"
+    index = _j_index(nest)
+    if index is None or not _unit_in(index, nest.j.var):
+        return "no operand contiguous in j (a row-major B) to tile"
+    return (node.start_byte, node.end_byte, _register_tile(nest, indent_of(code, node)))
 
 
-def plan_matmul(data: bytes) -> Plan:
-    """The reordered nest with the flags its simd loops pay with (a compound: at -O2
+def _tiled_edge(node: Node, nest: Nest) -> bool:
+    """True when `node` sits in the block a register tile of the same loops made."""
+    name = f"{nest.i.var}{nest.j.var}_rows"
+    block = node.parent
+    return block is not None and any(
+        n.type == "enumerator" and text(n.child_by_field_name("name")) == name for n in walk(block)
+    )
+
+
+def _j_index(nest: Nest) -> Node | None:
+    operand = _j_operand(nest)
+    return operand.child_by_field_name("indices") if operand is not None else None
+
+
+def _nests(edit: Callable[[bytes, Node], Edit | str]) -> Callable[[bytes, Node], Plan]:
+    """A planner applying `edit` to every outermost loop nest it takes."""
+
+    def plan(code: bytes, root: Node) -> Plan:
+        edits: list[Edit] = []
+        reasons: list[str] = []
+        for fn in cxx_source.functions(root):
+            for node in analysis.outermost_loops(fn):
+                done = edit(code, node)
+                if isinstance(done, str):
+                    reasons.append(done)
+                else:
+                    edits.append(done)
+        return edits or (reasons[0] if reasons else "no loop nest")
+
+    return plan
+
+
+def _with_simd_flags(planner: Callable[[bytes, Node], Plan]) -> Callable[[bytes], Plan]:
+    """The rewritten nest with the flags its simd loops pay with (a compound: at -O2
     without -march=native the vector row update runs at SSE width)."""
-    edits = code_plan(data, "cpp", plan_matmul_code)
-    if isinstance(edits, str) or not embedded_sources(data):
-        return edits
-    flags = flag_plan(data, "extra_cflags", ["-O3", "-march=native", "-fopenmp-simd"], LOW_OPT)
-    return edits + (flags if isinstance(flags, list) else [])
+
+    def plan(data: bytes) -> Plan:
+        edits = code_plan(data, "cpp", planner)
+        if isinstance(edits, str) or not embedded_sources(data):
+            return edits
+        flags = flag_plan(data, "extra_cflags", ["-O3", "-march=native", "-fopenmp-simd"], LOW_OPT)
+        return edits + (flags if isinstance(flags, list) else [])
+
+    return plan
 
 
 REWRITES = [
@@ -290,7 +388,15 @@ REWRITES = [
         "matmul / strided-reduction nest: i-k-j order with a simd row update when j is "
         "contiguous (row-major B); 4 outputs per pass (register blocking) when k is (an "
         "(N, K) weight)",
-        plan_matmul,
+        _with_simd_flags(_nests(_nest_edit)),
+        compound=True,
+    ),
+    Rewrite(
+        "cpu.register_tile",
+        "cpu",
+        "matmul nest with a row-major B: a micro-kernel holding a tile of outputs in "
+        "registers over the whole k loop (8x32 with AVX-512, else 6x16), edges as before",
+        _with_simd_flags(_nests(_tile_edit)),
         compound=True,
     ),
 ]
