@@ -82,9 +82,7 @@ class EvidenceLocalSelector:
         # score bonus it outweighed every learned utility (benchmarks/README.md, simulation).
         # Among those, a compound first (its edits pay together, where one alone is
         # refused), then the more specific (the more of its applicability tags match).
-        usable.sort(
-            key=lambda item: (-item[1], *_tie_break(graph.locals[item[0]], tags), item[0])
-        )
+        usable.sort(key=lambda item: (-item[1], *_tie_break(graph.locals[item[0]], tags), item[0]))
         ranking = usable + sorted(blocked)
         if not usable:
             reasons = "; ".join(f"{lid}: {why_not[lid]}" for lid, _, _ in scored)
