@@ -105,7 +105,7 @@ def _operands(expression: Node) -> list[Node]:
 def _shared_array(root: Node, name: str) -> str | None:
     """The element type of the __shared__ array `name`, or None when there is none."""
     for node in walk(root):
-        if node.type != "declaration" or "__shared__" not in (c.type for c in node.children):
+        if node.type != "declaration" or "__shared__" not in map(text, node.children):
             continue
         for declarator in node.named_children:
             if declarator.type == "array_declarator" and text(
@@ -202,7 +202,8 @@ def _warp_step(code: bytes, tree: Tree) -> str:
         f"if ({tid} < 32) {{",
         f"    {tree.kind} v = {a}[{tid}];",
         f"    if (blockDim.x >= 64) {_combine(tree, f'{a}[{tid} + 32]')}",
-        f"    for (int offset = 16; offset > 0; offset >>= 1) {_combine(tree, shuffle)}",
+        "    for (int offset = 16; offset > 0; offset >>= 1)",
+        f"        {_combine(tree, shuffle)}",
         f"    if ({tid} == 0) {a}[0] = v;",
         "}",
         "__syncthreads();",
@@ -481,7 +482,7 @@ def _tile_definition(root: Node, kernel: Node) -> list[Edit] | str:
     return [(kernel.start_byte, kernel.start_byte, f"#define TILE {TILE}\n\n")]
 
 
-def _launch_edits(root: Node, kernel: Node, mm: Matmul) -> list[Edit] | str:
+def _launch_edits(code: bytes, root: Node, kernel: Node, mm: Matmul) -> list[Edit] | str:
     """Each launch gets a TILE x TILE block and a grid covering N columns and M rows."""
     calls = _launches_of(root, kernel)
     if not calls:
@@ -498,10 +499,28 @@ def _launch_edits(root: Node, kernel: Node, mm: Matmul) -> list[Edit] | str:
         cover = f"dim3(({n} + TILE - 1) / TILE, ({m} + TILE - 1) / TILE)"
         edits.append((grid.start_byte, grid.end_byte, cover))
         edits.append((block.start_byte, block.end_byte, "dim3(TILE, TILE)"))
+        edits += _dead_dim3(code, call, grid) + _dead_dim3(code, call, block)
     bounds = launch_bounds_literal(kernel)
     if bounds is not None:
         edits.append((bounds.start_byte, bounds.end_byte, "TILE * TILE"))
     return edits
+
+
+def _dead_dim3(code: bytes, call: Node, config: Node) -> list[Edit]:
+    """The edit deleting the line `dim3 name(...);` when the launch was its only use."""
+    host = call.parent
+    while host is not None and host.type != "function_definition":
+        host = host.parent
+    name = text(config) if config.type == "identifier" else ""
+    uses = [n for n in walk(host) if n.type == "identifier" and text(n) == name] if host else []
+    declaration = uses[0].parent.parent if len(uses) == 2 and uses[0].parent else None
+    if declaration is None or declaration.type != "declaration" or not text(
+        declaration
+    ).startswith("dim3 "):
+        return []
+    start = code.rfind(b"\n", 0, declaration.start_byte) + 1
+    end = declaration.end_byte + code[declaration.end_byte :].startswith(b"\n")
+    return [(start, end, "")]
 
 
 def _grouped(node: Node) -> str:
@@ -514,7 +533,7 @@ def _tile_kernel(code: bytes, root: Node, kernel: Node) -> Plan:
     mm = _matmul(kernel)
     if isinstance(mm, str):
         return mm
-    launch = _launch_edits(root, kernel, mm)
+    launch = _launch_edits(code, root, kernel, mm)
     body = kernel.child_by_field_name("body")
     if isinstance(launch, str) or body is None:
         return launch or "a kernel without a body"
