@@ -76,14 +76,15 @@ def _combine_operator(step: Node, array: str, tid: str, var: str) -> str:
     op = text(step.child_by_field_name("operator"))
     right = analysis.strip_parens(step.child_by_field_name("right"))
     partner = {f"{array}[{tid}+{var}]", f"{array}[{var}+{tid}]"}
-    if op == "+=" and _flat(right) in partner:
-        return "+"
+    unpaired = f"the tree's step does not combine {array}[{tid}] with {array}[{tid} + {var}]"
+    if op == "+=":
+        return "+" if _flat(right) in partner else unpaired
     if op != "=" or right is None:
         return f"the tree combines with {op!r}, not a commutative +, max or min"
     operands = _operands(right)
     kinds = {_flat(o) for o in operands}
     if len(operands) != 2 or f"{array}[{tid}]" not in kinds or not kinds & partner:
-        return f"the tree's step does not combine {array}[{tid}] with {array}[{tid} + {var}]"
+        return unpaired
     if right.type == "binary_expression":
         found = text(right.child_by_field_name("operator"))
         return "+" if found == "+" else f"the tree combines with {found!r}, not +, max or min"
@@ -360,15 +361,15 @@ def _dot_product(loop: Node, grid: Grid) -> tuple[str, str, str, str] | str:
         return "the dot product's body is not one `acc += A[...] * B[...]`"
     k, big_k, row, col, n = canonical.var, _flat(canonical.bound), grid.row, grid.col, grid.n
     wanted = (
-        {f"[{row}*{big_k}+{k}]", f"[{k}+{row}*{big_k}]"},
-        {f"[{k}*{n}+{col}]", f"[{col}+{k}*{n}]"},
+        (f"[{row}*{big_k}+{k}]", f"[{k}+{row}*{big_k}]"),
+        (f"[{k}*{n}+{col}]", f"[{col}+{k}*{n}]"),
     )
     if _flat(factors[1].child_by_field_name("indices")) in wanted[0]:
         factors.reverse()
     for factor, forms in zip(factors, wanted, strict=True):
         name, index = text(factor.child_by_field_name("argument")), _flat(factor)
         if factor.type != "subscript_expression" or index[len(name) :] not in forms:
-            return f"{name} is read as {index}, not with unit stride as {name}{min(forms)}"
+            return f"{name} is read as {index}, not with unit stride as {name}{forms[0]}"
     names = [text(f.child_by_field_name("argument")) for f in factors]
     return text(step.child_by_field_name("left")), names[0], names[1], big_k
 
@@ -398,8 +399,10 @@ def _matmul(kernel: Node) -> Matmul | str:
         return grid
     accumulator = _declaration(grid.inner[0]) if grid.inner else None
     loop = grid.inner[1] if len(grid.inner) > 1 else None
-    if accumulator is None or not accumulator.literal or loop is None:
+    if accumulator is None or loop is None:
         return "the guarded body is not `acc = <literal>; for (k ...) acc += ...; <store>`"
+    if not accumulator.literal:
+        return f"the accumulator {accumulator.name!r} does not start from a literal"
     dot = _dot_product(loop, grid)
     if isinstance(dot, str):
         return dot
