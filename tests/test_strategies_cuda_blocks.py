@@ -121,9 +121,7 @@ def test_emulation_catches_a_tiling_without_its_barrier() -> None:
 
 
 @pytest.mark.parametrize(("rewrite", "path"), CASES, ids=IDS)
-def test_rewritten_kernels_compile_with_nvcc(
-    rewrite: Rewrite, path: Path, tmp_path: Path
-) -> None:
+def test_rewritten_kernels_compile_with_nvcc(rewrite: Rewrite, path: Path, tmp_path: Path) -> None:
     require(None if NVCC else "nvcc is not on PATH")
     (kernel,) = kernel_sources(rewrite.apply(path.read_text()))
     result = nvcc_compile(kernel, tmp_path)

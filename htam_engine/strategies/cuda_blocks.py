@@ -96,7 +96,9 @@ def _operands(expression: Node) -> list[Node]:
         args = expression.child_by_field_name("arguments")
         return list(args.named_children) if args is not None else []
     if expression.type == "conditional_expression":
-        expression = analysis.strip_parens(expression.child_by_field_name("condition")) or expression
+        expression = (
+            analysis.strip_parens(expression.child_by_field_name("condition")) or expression
+        )
     if expression.type == "binary_expression":
         sides = (expression.child_by_field_name("left"), expression.child_by_field_name("right"))
         return [s for s in map(analysis.strip_parens, sides) if s is not None]
@@ -109,9 +111,10 @@ def _shared_array(root: Node, name: str) -> str | None:
         if node.type != "declaration" or "__shared__" not in map(text, node.children):
             continue
         for declarator in node.named_children:
-            if declarator.type == "array_declarator" and text(
-                declarator.child_by_field_name("declarator")
-            ) == name:
+            if (
+                declarator.type == "array_declarator"
+                and text(declarator.child_by_field_name("declarator")) == name
+            ):
                 return text(node.child_by_field_name("type"))
     return None
 
@@ -253,8 +256,8 @@ def plan_warp_shuffle_reduce(code: bytes, root: Node) -> Plan:
 
 # ---------------------------------------------------------------- shared-memory tiling
 
-FLAT_INDEX = {"blockIdx.x*blockDim.x+threadIdx.x", "threadIdx.x+blockIdx.x*blockDim.x"}
-ROW_INDEX = {"blockIdx.y*blockDim.y+threadIdx.y", "threadIdx.y+blockIdx.y*blockDim.y"}
+X_INDEX = {"blockIdx.x*blockDim.x+threadIdx.x", "threadIdx.x+blockIdx.x*blockDim.x"}
+Y_INDEX = {"blockIdx.y*blockDim.y+threadIdx.y", "threadIdx.y+blockIdx.y*blockDim.y"}
 NEW_NAMES = {"tile_a", "tile_b", "k0", "ka", "kb"}
 
 
@@ -318,7 +321,7 @@ def _flat_grid(kernel: Node) -> Grid | str:
     inner = _statements(guard.body)
     row, col = (_declaration(s) for s in inner[:2]) if len(inner) >= 2 else (None, None)
     n = re.fullmatch(rf"{guard.var}/(\w+)", row.value) if row is not None else None
-    if _flat(guard.index) not in FLAT_INDEX or row is None or col is None or n is None:
+    if _flat(guard.index) not in X_INDEX or row is None or col is None or n is None:
         return f"the guarded body does not derive row and col as {guard.var} / N, {guard.var} % N"
     m = re.fullmatch(rf"(\w+)\*{n[1]}|{n[1]}\*(\w+)", _flat(guard.bound))
     if col.value != f"{guard.var}%{n[1]}" or m is None:
@@ -331,19 +334,18 @@ def _square_grid(kernel: Node) -> Grid | str:
     if (row < M && col < N) { ... }`."""
     body = _statements(kernel.child_by_field_name("body"))
     declared = [d for d in map(_declaration, body[:2]) if d is not None]
-    row = next((d for d in declared if d.value in ROW_INDEX), None)
-    col = next((d for d in declared if d.value in FLAT_INDEX), None)
+    row = next((d for d in declared if d.value in Y_INDEX), None)
+    col = next((d for d in declared if d.value in X_INDEX), None)
     branch = body[2] if len(body) == 3 else None
     if row is None or col is None or branch is None or branch.type != "if_statement":
         return "row and col are not blockIdx.y/x * blockDim.y/x + threadIdx.y/x over one `if`"
     condition = branch.child_by_field_name("condition")
     test = _flat(condition.named_children[0] if condition and condition.named_children else None)
-    found = re.fullmatch(rf"{row.name}<(\w+)&&{col.name}<(\w+)", test) or re.fullmatch(
-        rf"{col.name}<(?P<n>\w+)&&{row.name}<(?P<m>\w+)", test
-    )
-    if found is None or branch.child_by_field_name("alternative") is not None:
+    found = re.fullmatch(rf"{row.name}<(\w+)&&{col.name}<(\w+)", test)
+    swapped = re.fullmatch(rf"{col.name}<(\w+)&&{row.name}<(\w+)", test)
+    if (found or swapped) is None or branch.child_by_field_name("alternative") is not None:
         return f"the guard is not `if ({row.name} < M && {col.name} < N)`"
-    m, n = (found["m"], found["n"]) if found.groupdict() else (found[1], found[2])
+    m, n = found.groups() if found else swapped.groups()[::-1]  # type: ignore[union-attr]
     inner = _statements(branch.child_by_field_name("consequence"))
     return Grid(row.type, row.name, col.name, None, m, n, inner)
 
@@ -423,8 +425,16 @@ def _matmul(kernel: Node) -> Matmul | str:
         return reason
     sizes = (grid.m, grid.n, k)
     return Matmul(
-        grid.index_type, grid.row, grid.col, grid.flat, sizes, a, b, element.pop(),
-        accumulator, grid.inner[2:],
+        grid.index_type,
+        grid.row,
+        grid.col,
+        grid.flat,
+        sizes,
+        a,
+        b,
+        element.pop(),
+        accumulator,
+        grid.inner[2:],
     )
 
 
@@ -446,9 +456,11 @@ def _tiled_body(code: bytes, kernel: Node, mm: Matmul) -> str:
     t, row, col, (m, n, k), a, b = mm.index_type, mm.row, mm.col, mm.sizes, mm.a, mm.b
     zero = "0.0f" if mm.element == "float" else "0.0"
     acc = mm.accumulator.name
-    store = [f"{t} {mm.flat} = {row} * {n} + {col};"] if mm.flat and any(
-        mentions(s, {mm.flat}) for s in mm.epilogue
-    ) else []
+    store = (
+        [f"{t} {mm.flat} = {row} * {n} + {col};"]
+        if mm.flat and any(mentions(s, {mm.flat}) for s in mm.epilogue)
+        else []
+    )
     store += [text(s) for s in mm.epilogue]
     lines = [
         f"__shared__ {mm.element} tile_a[TILE][TILE];",
@@ -463,7 +475,7 @@ def _tiled_body(code: bytes, kernel: Node, mm: Matmul) -> str:
         f"    tile_b[threadIdx.y][threadIdx.x] = kb < {k} && {col} < {n} ? {b}[kb * {n} + {col}]"
         f" : {zero};",
         "    __syncthreads();",
-        f"    for (int k = 0; k < TILE; ++k) {{",
+        "    for (int k = 0; k < TILE; ++k) {",
         f"        {acc} += tile_a[threadIdx.y][k] * tile_b[k][threadIdx.x];",
         "    }",
         "    __syncthreads();",
@@ -517,9 +529,11 @@ def _dead_dim3(code: bytes, call: Node, config: Node) -> list[Edit]:
     name = text(config) if config.type == "identifier" else ""
     uses = [n for n in walk(host) if n.type == "identifier" and text(n) == name] if host else []
     declaration = uses[0].parent.parent if len(uses) == 2 and uses[0].parent else None
-    if declaration is None or declaration.type != "declaration" or not text(
-        declaration
-    ).startswith("dim3 "):
+    if (
+        declaration is None
+        or declaration.type != "declaration"
+        or not text(declaration).startswith("dim3 ")
+    ):
         return []
     start = code.rfind(b"\n", 0, declaration.start_byte) + 1
     end = declaration.end_byte + code[declaration.end_byte :].startswith(b"\n")
