@@ -1,77 +1,20 @@
 """CUDA rewrites checked for meaning without a GPU: the example kernels, before and after
-each rewrite, run on the CPU under a sequential emulation of the launch grid (g++ and a
-small shim for threadIdx/blockIdx/float4) and must match the PyTorch reference.
-
-The emulation runs threads one after another, which is exact for these kernels: they
-share no memory and never synchronise. The real-GPU check is the `gpu`-marked test in
+each rewrite, run on the CPU under an emulation of the launch grid (helpers/emulation.py)
+and must match the PyTorch reference. The real-GPU check is the `gpu`-marked test in
 test_examples_cuda.py."""
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Callable
-
 import pytest
 import torch
+from helpers.emulation import emulated, launcher
 from helpers.examples import EXAMPLES, TASKS, assert_close, load_module
 
 from htam_engine import parsing
 from htam_engine.kernels import load_cpp
-from htam_engine.parsing import cxx_source
 from htam_engine.strategies import REGISTRY
-from htam_engine.strategies.base import apply_edits
 
-SHIM = """\
-#include <math.h>
-struct htam_dim3 { unsigned x, y, z; };
-static htam_dim3 threadIdx, blockIdx, blockDim, gridDim;
-struct alignas(16) float4 { float x, y, z, w; };
-#define __global__
-#define __launch_bounds__(...)
-template <class F> static void htam_launch(unsigned grid, unsigned block, F body) {
-    gridDim = {grid, 1, 1};
-    blockDim = {block, 1, 1};
-    for (unsigned b = 0; b < grid; ++b) {
-        for (unsigned t = 0; t < block; ++t) {
-            blockIdx = {b, 0, 0};
-            threadIdx = {t, 0, 0};
-            body();
-        }
-    }
-}
-"""
 CODE_IDS = sorted(r for r, w in REGISTRY.items() if w.backend == "cuda" and r != "cuda.fast_math")
-
-
-def emulated(kernel_source: str) -> str:
-    """The kernel source with each `k<<<g, b>>>(args)` turned into a sequential loop."""
-    data = kernel_source.encode()
-    edits = []
-    for call in cxx_source.launches(parsing.parse(data, "cuda").root_node):
-        grid, block = (parsing.text(n) for n in cxx_source.launch_config(call)[:2])
-        name = parsing.text(call.child_by_field_name("function"))
-        args = parsing.text(call.child_by_field_name("arguments"))
-        edits.append(
-            (
-                call.start_byte,
-                call.end_byte,
-                f"htam_launch({grid}, {block}, [&] {{ {name}{args}; }})",
-            )
-        )
-    body = apply_edits(data, edits).decode()
-    return f'{SHIM}extern "C" {{\n{body}\n}}\n'
-
-
-def _launcher(lib: ctypes.CDLL, source: str) -> Callable[..., None]:
-    (host,) = [u for u in parsing.kernels(source, "cuda") if u.kind == "host"]
-    root = parsing.parse(source, "cuda").root_node
-    fn = next(f for f in cxx_source.functions(root) if cxx_source.function_name(f) == host.name)
-    launch = getattr(lib, host.name)
-    launch.argtypes = [
-        ctypes.c_void_p if cxx_source.pointer_declarator(p) else ctypes.c_int
-        for p in cxx_source.parameters(fn)
-    ]
-    return launch
 
 
 def _arguments(
@@ -101,7 +44,7 @@ def _arguments(
 
 def run_emulated(task: str, python_source: str) -> None:
     (kernel,) = [e.text for e in parsing.embedded_sources(python_source) if "__global__" in e.text]
-    launch = _launcher(load_cpp(task, emulated(kernel), ["-O2"]), kernel)
+    launch = launcher(load_cpp(task, emulated(kernel), ["-O2"]), kernel)
     reference = load_module(EXAMPLES / task / "reference.py")
     torch.manual_seed(0)
     model = reference.Model(*reference.get_init_inputs())

@@ -11,7 +11,8 @@ from htam_engine.strategies import REGISTRY, NotApplicable
 
 EXPECTED_IDS = {
     "cuda.block_size", "cuda.restrict_const", "cuda.pragma_unroll", "cuda.launch_bounds",
-    "cuda.grid_stride", "cuda.vectorize_float4", "cuda.fast_math", "cpu.omp_parallel_for",
+    "cuda.grid_stride", "cuda.vectorize_float4", "cuda.fast_math", "cuda.warp_shuffle_reduce",
+    "cuda.smem_tiling", "cpu.omp_parallel_for",
     "cpu.omp_simd", "cpu.opt_flags", "cpu.restrict", "cpu.cache_block", "cpu.vector_math",
     "cpu.branchless", "cpu.loop_order", "cpu.reciprocal", "cpu.register_tile", "triton.num_warps",
     "triton.num_stages", "triton.block_size", "triton.autotune", "triton.group_m",
@@ -26,6 +27,8 @@ ONLY = {
     "cpu.omp_simd": {"linear_relu", "matmul"},  # gelu's erff, softmax's expf: vector math
     "cuda.pragma_unroll": {"linear_relu"},
     "cuda.vectorize_float4": {"gelu"},
+    "cuda.smem_tiling": {"matmul"},  # linear_relu's accumulator starts from the bias
+    "cuda.warp_shuffle_reduce": set(),  # no example has a shared tree (tests/fixtures does)
 }
 # C++/CUDA rewrites on all four examples; Triton's are tests/test_triton_strategies.py's.
 CASES = [

@@ -144,10 +144,10 @@ def reduction_operator(body: Node, target: Node, op: str) -> str | None:
         return None if mentions(right, {name}) else {"+=": "+", "-=": "+", "*=": "*"}[op]
     if op != "=":
         return None
-    return _select_operator(right, name)
+    return select_operator(right, name)
 
 
-def _select_operator(right: Node, name: str) -> str | None:
+def select_operator(right: Node, name: str) -> str | None:
     """`max`/`min` for `a > m ? a : m`-like selects and fmaxf/std::max calls on `name`."""
     if right.type == "call_expression":
         called = text(right.child_by_field_name("function"))

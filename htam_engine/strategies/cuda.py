@@ -36,7 +36,7 @@ def _constant_node(root: Node, name: str) -> Node | None:
     return None
 
 
-def _block_literal(root: Node, call: Node) -> Node | None:
+def block_literal(root: Node, call: Node) -> Node | None:
     config = cxx_source.launch_config(call)
     if len(config) < 2:
         return None
@@ -46,11 +46,11 @@ def _block_literal(root: Node, call: Node) -> Node | None:
     return block if block.type == "number_literal" else None
 
 
-def _kernel_named(root: Node, name: str) -> Node | None:
+def kernel_named(root: Node, name: str) -> Node | None:
     return next((fn for fn in analysis.kernels(root) if cxx_source.function_name(fn) == name), None)
 
 
-def _launch_bounds_literal(kernel: Node | None) -> Node | None:
+def launch_bounds_literal(kernel: Node | None) -> Node | None:
     bounds = (
         next((c for c in kernel.children if c.type == "launch_bounds"), None) if kernel else None
     )
@@ -61,7 +61,7 @@ def plan_block_size(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     reasons = []
     for call in cxx_source.launches(root):
-        literal = _block_literal(root, call)
+        literal = block_literal(root, call)
         if literal is None or not text(literal).strip().isdigit():
             reasons.append("the block size is not a compile-time constant")
             continue
@@ -88,7 +88,7 @@ def _retarget_launch(root: Node, call: Node, literal: Node, old: int) -> Plan:
         edits += [
             (n.start_byte, n.end_byte, rounding[text(n)]) for n in numbers if text(n) in rounding
         ]
-    bounds = _launch_bounds_literal(_kernel_named(root, text(call.child_by_field_name("function"))))
+    bounds = launch_bounds_literal(kernel_named(root, text(call.child_by_field_name("function"))))
     if bounds is not None and text(bounds) == str(old):
         edits.append((bounds.start_byte, bounds.end_byte, str(TARGET_BLOCK)))
     return edits
@@ -157,7 +157,7 @@ def plan_pragma_unroll(code: bytes, root: Node) -> Plan:
 def plan_launch_bounds(code: bytes, root: Node) -> Plan:
     sizes: dict[str, str] = {}
     for call in cxx_source.launches(root):
-        literal = _block_literal(root, call)
+        literal = block_literal(root, call)
         if literal is not None:
             sizes[text(call.child_by_field_name("function"))] = text(literal).strip()
     edits: list[Edit] = []
