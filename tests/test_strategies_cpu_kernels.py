@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.examples import EXAMPLES, assert_close, load_module
+from helpers.examples import EXAMPLES, check_start, naive_reference
 from helpers.skips import require
 
 from htam_engine import parsing
@@ -29,41 +29,18 @@ def _build_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     monkeypatch.setenv("HTAM_BUILD_DIR", str(tmp_path_factory.getbasetemp() / "builds"))
 
 
-def _reference(start: Path) -> Path:
-    line = start.read_text().splitlines()[0]
-    match = re.fullmatch(r"# htam: reference=(\S+)", line)
-    assert match, f"{start.name} names no reference"
-    return start.parent / match.group(1)
-
-
-def _check(start: Path, source: str, tmp_path: Path) -> None:
-    """Run `source` as the implementation of `start`'s task and compare with PyTorch."""
-    reference = load_module(_reference(start))
-    candidate = tmp_path / "candidate.py"
-    candidate.write_text(source)
-    init = reference.get_init_inputs()
-    torch.manual_seed(0)
-    model = reference.Model(*init)
-    torch.manual_seed(0)
-    new = load_module(candidate).ModelNew(*init)
-    torch.manual_seed(1)
-    inputs = reference.get_inputs()
-    with torch.no_grad():
-        assert_close(model(*inputs), new(*inputs))
-
-
 def test_there_are_eight_naive_kernelbench_starts() -> None:
     assert len(STARTS) >= 8
-    assert all(_reference(s).exists() for s in STARTS)
+    assert all(naive_reference(s).exists() for s in STARTS)
 
 
 @pytest.mark.parametrize("start", STARTS, ids=lambda p: p.stem)
 def test_each_naive_start_is_correct(start: Path, tmp_path: Path) -> None:
-    _check(start, start.read_text(), tmp_path)
+    check_start(start, start.read_text(), tmp_path)
 
 
 def _chains() -> list[tuple[Path, tuple[str, ...]]]:
-    cases = []
+    cases: list[tuple[Path, tuple[str, ...]]] = []
     for start in STARTS:
         source = start.read_text()
         applicable = tuple(rid for rid in NEW if REGISTRY[rid].check(source) is None)
@@ -78,7 +55,7 @@ def test_rewritten_start_is_correct(start: Path, chain: tuple[str, ...], tmp_pat
     for rid in chain:
         if REGISTRY[rid].check(source) is None:
             source = REGISTRY[rid].apply(source)
-    _check(start, source, tmp_path)
+    check_start(start, source, tmp_path)
 
 
 def test_the_strategies_apply_where_they_should() -> None:

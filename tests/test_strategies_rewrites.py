@@ -14,7 +14,9 @@ EXPECTED_IDS = {
     "cuda.grid_stride", "cuda.vectorize_float4", "cuda.fast_math", "cuda.warp_shuffle_reduce",
     "cuda.smem_tiling", "cpu.omp_parallel_for",
     "cpu.omp_simd", "cpu.opt_flags", "cpu.restrict", "cpu.cache_block", "cpu.vector_math",
-    "cpu.branchless", "cpu.loop_order", "cpu.reciprocal", "cpu.register_tile", "triton.num_warps",
+    "cpu.branchless", "cpu.loop_order", "cpu.reciprocal", "cpu.register_tile",
+    "cpu.multi_accumulator", "cpu.online_softmax", "cpu.fuse_moments", "cpu.unroll",
+    "cpu.hoist_invariants", "triton.num_warps",
     "triton.num_stages", "triton.block_size", "triton.autotune", "triton.group_m",
 }  # fmt: skip
 # Rewrites that apply to only some examples; every other one applies to all four.
@@ -25,6 +27,10 @@ ONLY = {
     "cpu.loop_order": {"matmul", "linear_relu"},
     "cpu.register_tile": {"matmul"},
     "cpu.omp_simd": {"linear_relu", "matmul"},  # gelu's erff, softmax's expf: vector math
+    "cpu.multi_accumulator": {"linear_relu", "softmax"},  # the dot product, the row sum
+    "cpu.online_softmax": set(),  # the softmax example stores its exps (its test's case)
+    "cpu.fuse_moments": set(),  # no example has a mean and a variance pass
+    "cpu.hoist_invariants": set(),  # no example calls math or loads in a loop on invariants
     "cuda.pragma_unroll": {"linear_relu"},
     "cuda.vectorize_float4": {"gelu"},
     "cuda.smem_tiling": {"matmul"},  # linear_relu's accumulator starts from the bias

@@ -8,6 +8,7 @@ file: a `.py` with embedded `load_inline` / `load_cpp` sources, a raw `.cu` / `.
 
 from htam_engine.strategies.base import NotApplicable, Rewrite
 from htam_engine.strategies.cpu import REWRITES as _CPU
+from htam_engine.strategies.cpu_fuse import REWRITES as _CPU_FUSE
 from htam_engine.strategies.cpu_math import REWRITES as _CPU_MATH
 from htam_engine.strategies.cpu_matmul import REWRITES as _CPU_MATMUL
 from htam_engine.strategies.cuda import REWRITES as _CUDA
@@ -16,7 +17,7 @@ from htam_engine.strategies.triton import REWRITES as _TRITON
 
 REGISTRY: dict[str, Rewrite] = {
     rewrite.id: rewrite
-    for rewrite in (*_CUDA, *_CUDA_BLOCKS, *_CPU, *_CPU_MATH, *_CPU_MATMUL, *_TRITON)
+    for rewrite in (*_CUDA, *_CUDA_BLOCKS, *_CPU, *_CPU_MATH, *_CPU_MATMUL, *_CPU_FUSE, *_TRITON)
 }
 
 __all__ = ["REGISTRY", "NotApplicable", "Rewrite"]

@@ -28,12 +28,16 @@ TILE = 64
 
 def _pragma_edit(code: bytes, loop: Node, own: str, extra: str, merge_with: str) -> Edit:
     """Insert `#pragma omp <own><extra>` above `loop`, or merge into a `merge_with` pragma
-    already there (`omp parallel for` + `omp simd` -> `omp parallel for simd`)."""
+    already there (`omp parallel for` + `omp simd` -> `omp parallel for simd`). A `GCC
+    unroll` pragma is replaced: GCC allows no pragma between it and an omp one, and the
+    vectorizer unrolls the loop itself."""
     existing = cxx_source.loop_pragma(loop)
     previous = loop.prev_named_sibling
     if existing.startswith(merge_with) and previous is not None:
         merged = "#pragma omp parallel for simd" + existing[len(merge_with) :] + extra
         return (previous.start_byte, previous.end_byte, merged + "\n")
+    if existing.startswith("#pragma GCC unroll") and previous is not None:
+        return (previous.start_byte, previous.end_byte, f"#pragma omp {own}{extra}\n")
     return insert_line_before(code, loop, f"#pragma omp {own}{extra}")
 
 
