@@ -200,10 +200,15 @@ COMPONENTS = ("x", "y", "z", "w")
 def plan_vectorize_float4(code: bytes, root: Node) -> Plan:
     if re.search(r"\bfloat4\b", code.decode()):
         return "the source already uses float4"
+    return plan_kernels(root, lambda kernel: _vectorize_kernel(code, root, kernel))
+
+
+def plan_kernels(root: Node, plan_one: Callable[[Node], Plan]) -> Plan:
+    """The edits `plan_one` makes to every `__global__` kernel, or the first one's reason."""
     edits: list[Edit] = []
     reasons = []
     for kernel in analysis.kernels(root):
-        plan = _vectorize_kernel(code, root, kernel)
+        plan = plan_one(kernel)
         if isinstance(plan, str):
             reasons.append(f"{cxx_source.function_name(kernel)}: {plan}")
         else:

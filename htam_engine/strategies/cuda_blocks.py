@@ -11,7 +11,7 @@ from tree_sitter import Node
 from htam_engine.parsing import cxx_source, text, walk
 from htam_engine.strategies import analysis
 from htam_engine.strategies.base import Edit, Plan, Rewrite, code_plan, indent_of, mentions
-from htam_engine.strategies.cuda import block_literal, launch_bounds_literal
+from htam_engine.strategies.cuda import block_literal, launch_bounds_literal, plan_kernels
 
 TILE = 16
 FULL_MASK = "0xffffffff"
@@ -243,15 +243,7 @@ def _reduce_kernel(code: bytes, root: Node, kernel: Node) -> Plan:
 
 
 def plan_warp_shuffle_reduce(code: bytes, root: Node) -> Plan:
-    edits: list[Edit] = []
-    reasons = []
-    for kernel in analysis.kernels(root):
-        plan = _reduce_kernel(code, root, kernel)
-        if isinstance(plan, str):
-            reasons.append(f"{cxx_source.function_name(kernel)}: {plan}")
-        else:
-            edits += plan
-    return edits or (reasons[0] if reasons else "no __global__ kernel")
+    return plan_kernels(root, lambda kernel: _reduce_kernel(code, root, kernel))
 
 
 # ---------------------------------------------------------------- shared-memory tiling
