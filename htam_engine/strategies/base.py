@@ -83,6 +83,11 @@ def code_plan(data: bytes, language: str, planner: CodePlanner) -> Plan:
     return reasons[0] if reasons else f"no embedded {language} source"
 
 
+def cpp(planner: CodePlanner) -> Callable[[bytes], Plan]:
+    """`planner` run on every embedded C++ source of a file (or on a raw `.cpp`)."""
+    return lambda data: code_plan(data, "cpp", planner)
+
+
 def _quote(flag: str) -> str:
     return f'"{flag}"'
 

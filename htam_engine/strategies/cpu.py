@@ -17,6 +17,7 @@ from htam_engine.strategies.base import (
     Plan,
     Rewrite,
     code_plan,
+    cpp,
     flag_plan,
     indent_of,
     insert_line_before,
@@ -172,10 +173,6 @@ def _tiled(code: bytes, node: Node, loops: list[analysis.Loop]) -> str:
     return "\n".join(lines).lstrip()
 
 
-def _code(planner: CodePlanner) -> Callable[[bytes], Plan]:
-    return lambda data: code_plan(data, "cpp", planner)
-
-
 def _with_flags(planner: CodePlanner, flag: str, unless: set[str]) -> Callable[[bytes], Plan]:
     """The code edits plus `flag` in extra_cflags (unless one of `unless` is there)."""
 
@@ -213,12 +210,12 @@ REWRITES = [
         "cpu.restrict",
         "cpu",
         "__restrict__ on pointer parameters",
-        _code(plan_restrict),
+        cpp(plan_restrict),
     ),
     Rewrite(
         "cpu.cache_block",
         "cpu",
         f"tile a simple i/j/k loop nest by {TILE} (point loops in i/k/j order)",
-        _code(plan_cache_block),
+        cpp(plan_cache_block),
     ),
 ]

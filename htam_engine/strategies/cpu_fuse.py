@@ -15,7 +15,7 @@ from tree_sitter import Node
 
 from htam_engine.parsing import cxx_source, text, walk
 from htam_engine.strategies import analysis
-from htam_engine.strategies.base import Edit, Plan, Rewrite, code_plan, indent_of
+from htam_engine.strategies.base import Edit, Plan, Rewrite, cpp, indent_of
 from htam_engine.strategies.cpu_math import PURE_CALLS, _invariant, _scalar_types
 
 LANES = 4
@@ -512,17 +512,13 @@ def plan_hoist(code: bytes, root: Node) -> Plan:
     return edits or _best_reason(reasons, "no innermost loop")
 
 
-def _code(planner: Callable[[bytes, Node], Plan]) -> Callable[[bytes], Plan]:
-    return lambda data: code_plan(data, "cpp", planner)
-
-
 REWRITES = [
     Rewrite(
         "cpu.online_softmax",
         "cpu",
         f"a max pass then a sum-of-expf(x - max) pass fused into one pass over blocks of {BLOCK} "
         "(block max, running sum rescaled by expf(old - new max) when it grows)",
-        _code(
+        cpp(
             _fuse_plan(
                 lambda c, f, b, s, _t, n: _softmax_pair(c, f, b, s, n), "no two consecutive passes"
             )
@@ -533,26 +529,26 @@ REWRITES = [
         "cpu",
         "a mean pass then a squared-deviation pass fused into one pass accumulating the sum "
         "and the sum of squares in double",
-        _code(_fuse_plan(_moments_pair, "no two consecutive passes")),
+        cpp(_fuse_plan(_moments_pair, "no two consecutive passes")),
     ),
     Rewrite(
         "cpu.multi_accumulator",
         "cpu",
         f"a float sum/max/min reduction loop split into {LANES} independent accumulators "
         "combined after the loop, with a remainder loop",
-        _code(plan_multi_accumulator),
+        cpp(plan_multi_accumulator),
     ),
     Rewrite(
         "cpu.unroll",
         "cpu",
         f"#pragma GCC unroll {LANES} on innermost counted loops without a pragma",
-        _code(plan_unroll),
+        cpp(plan_unroll),
     ),
     Rewrite(
         "cpu.hoist_invariants",
         "cpu",
         "loop-invariant math calls and (with no stores in the loop) loads computed once "
         "before the inner loop",
-        _code(plan_hoist),
+        cpp(plan_hoist),
     ),
 ]

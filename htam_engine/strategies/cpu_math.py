@@ -11,8 +11,6 @@ semantics; the redeclaration needs neither.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from tree_sitter import Node
 
 from htam_engine import parsing
@@ -25,6 +23,7 @@ from htam_engine.strategies.base import (
     Rewrite,
     apply_edits,
     code_plan,
+    cpp,
     flag_plan,
     insert_line_before,
 )
@@ -273,10 +272,6 @@ def plan_reciprocal(code: bytes, root: Node) -> Plan:
     return edits or "no inner-loop division by a loop-invariant floating value"
 
 
-def _code(planner: Callable[[bytes, Node], Plan]) -> Callable[[bytes], Plan]:
-    return lambda data: code_plan(data, "cpp", planner)
-
-
 REWRITES = [
     Rewrite(
         "cpu.vector_math",
@@ -290,13 +285,13 @@ REWRITES = [
         "cpu.branchless",
         "cpu",
         "if/else assigning one value in an inner loop -> a conditional select",
-        _code(plan_branchless),
+        cpp(plan_branchless),
     ),
     Rewrite(
         "cpu.reciprocal",
         "cpu",
         "divisions by a loop-invariant floating value in an inner loop -> one reciprocal "
         "before the loop and multiplications",
-        _code(plan_reciprocal),
+        cpp(plan_reciprocal),
     ),
 ]
