@@ -171,19 +171,23 @@ def test_loop_order_follows_the_layout() -> None:
     assert "output is read" in str(REGISTRY["cpu.loop_order"].check(reads_out))
 
 
-@pytest.mark.parametrize("form", ["dot", "perfect"])
+@pytest.mark.parametrize("form", ["dot", "perfect", "weight"])
 def test_the_register_tile_is_exact_on_ragged_sizes(form: str) -> None:
-    """Full tiles and both edges (sizes no tile divides), in both nest forms: each output
-    sums its k terms in the original order, so the result equals the plain nest's."""
-    code = MATMUL.replace("B_INDEX", "b[k * N + j]")
+    """Full tiles and both edges (sizes no tile divides), in both nest forms and with an
+    (N, K) weight packed first: each output sums its k terms in the original order, so the
+    result equals the plain nest's."""
+    code = MATMUL.replace("B_INDEX", "b[j * K + k]" if form == "weight" else "b[k * N + j]")
     if form == "perfect":
         code = code.replace("float acc = 0.0f;", "").replace("acc += ", "c[i * N + j] += ")
         code = code.replace("c[i * N + j] = acc;", "")
     tiled = REGISTRY["cpu.register_tile"].apply(code)
     assert "_tile[" in tiled and REGISTRY["cpu.register_tile"].check(tiled) is not None
+    assert ("_packed" in tiled) == (form == "weight")
     flags = ["-O3", "-march=native", "-fopenmp-simd"]
     m, n, k = 37, 70, 29
     a, b = torch.randn(m, k), torch.randn(k, n)
+    if form == "weight":
+        b = b.t().contiguous()  # (N, K)
     outputs = []
     for source in (code, tiled):
         library = ctypes.CDLL(str(build_cpp(source, flags)))
@@ -193,14 +197,16 @@ def test_the_register_tile_is_exact_on_ragged_sizes(form: str) -> None:
         )
         outputs.append(c)
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-6, atol=1e-5)
-    torch.testing.assert_close(outputs[1], a @ b, rtol=1e-4, atol=1e-4)
+    expected = a @ (b.t() if form == "weight" else b)
+    torch.testing.assert_close(outputs[1], expected, rtol=1e-4, atol=1e-4)
 
 
-def test_the_register_tile_needs_a_row_major_b() -> None:
-    weight = MATMUL.replace("B_INDEX", "b[j * K + k]")
-    assert "row-major B" in str(REGISTRY["cpu.register_tile"].check(weight))
-    source = (EXAMPLES / "matmul" / "cpu_naive.py").read_text()
-    assert REGISTRY["cpu.register_tile"].check(source) is None
+def test_the_register_tile_needs_an_operand_contiguous_in_j_or_k() -> None:
+    strided = MATMUL.replace("B_INDEX", "b[k * N + j * K]")
+    assert "neither" in str(REGISTRY["cpu.register_tile"].check(strided))
+    for task in ("matmul", "linear_relu"):
+        source = (EXAMPLES / task / "cpu_naive.py").read_text()
+        assert REGISTRY["cpu.register_tile"].check(source) is None, task
 
 
 def test_cache_block_waits_for_the_loop_order() -> None:

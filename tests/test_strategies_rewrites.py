@@ -25,7 +25,7 @@ ONLY = {
     "cpu.branchless": set(),  # no example branches per element
     "cpu.reciprocal": set(),  # the examples divide outside their inner loops
     "cpu.loop_order": {"matmul", "linear_relu"},
-    "cpu.register_tile": {"matmul"},
+    "cpu.register_tile": {"matmul", "linear_relu"},
     "cpu.omp_simd": {"linear_relu", "matmul"},  # gelu's erff, softmax's expf: vector math
     "cpu.multi_accumulator": {"linear_relu", "softmax"},  # the dot product, the row sum
     "cpu.online_softmax": set(),  # the softmax example stores its exps (its test's case)

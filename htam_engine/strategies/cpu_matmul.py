@@ -13,11 +13,12 @@ load in a sum over a middle dimension). The operand indexed by j decides the ord
   right order; four outputs are computed per pass over k (register blocking: each X is
   loaded once for four FMAs) with a vector reduction over k, and a scalar tail.
 
-`cpu.register_tile` goes further for a row-major B: a micro-kernel keeps a tile of
-outputs (8 x 32 floats with AVX-512, 16 zmm registers; 6 x 16 otherwise) in registers
-across the whole k loop, so each loaded row piece of B feeds a tile's rows of FMAs and
-OUT is read and written once; the edges run the original nest. Each output still sums its
-k terms in the original order.
+`cpu.register_tile` goes further: a micro-kernel keeps a tile of outputs (8 x 32 floats
+with AVX-512, 16 zmm registers; 6 x 16 otherwise) in registers across the whole k loop,
+so each loaded row piece of B feeds a tile's rows of FMAs and OUT is read and written
+once; an (N, K) weight is first packed (transposed once per call) into a (K, N) buffer
+so the tiles stream it along j as well; the edges run the original nest. Each output
+still sums its k terms in the original order.
 """
 
 from __future__ import annotations
@@ -164,15 +165,23 @@ def _unit_in(index: Node, var: str) -> bool:
     return True
 
 
-def substitute(node: Node, names: dict[str, str]) -> str:
-    """`node`'s text with the identifiers in `names` replaced."""
+def substitute(node: Node, names: dict[str, str], swap: tuple[Node, str] | None = None) -> str:
+    """`node`'s text with the identifiers in `names` replaced (and the node `swap[0]`
+    under it by the text `swap[1]`)."""
     start, pieces, at = node.start_byte, [], node.start_byte
     source = node.text or b""
     for n in walk(node):
-        if n.type == "identifier" and text(n) in names:
-            pieces.append(source[at - start : n.start_byte - start].decode())
-            pieces.append(names[text(n)])
-            at = n.end_byte
+        if n.start_byte < at:  # inside what was swapped
+            continue
+        if swap is not None and n == swap[0]:
+            replacement = swap[1]
+        elif n.type == "identifier" and text(n) in names:
+            replacement = names[text(n)]
+        else:
+            continue
+        pieces.append(source[at - start : n.start_byte - start].decode())
+        pieces.append(replacement)
+        at = n.end_byte
     pieces.append(source[at - start :].decode())
     return "".join(pieces)
 
@@ -249,9 +258,12 @@ TILE_SIZES = (  # (rows, columns) of the register tile, chosen by the compiler's
 )
 
 
-def _register_tile(nest: Nest, pad: str) -> str:
-    """The micro-kernel over full tiles, then the original j body on the edges."""
-    i, j = nest.i, nest.j
+def _register_tile(nest: Nest, pad: str, packed: Node | None = None) -> str:
+    """The micro-kernel over full tiles, then the original j body on the edges. With
+    `packed` (the j operand, contiguous in k: an (N, K) weight), the tiles read a copy of
+    it transposed once per call into a (K, N) buffer, so they stream it along j too; the
+    copy is made only when there is a full tile to use it."""
+    i, j, k = nest.i, nest.j, nest.k
     iv, jv = i.var, j.var
     rows, cols = f"{iv}{jv}_rows", f"{iv}{jv}_cols"
     tile, it, jt, ir, jq = f"{iv}{jv}_tile", f"{iv}_t", f"{jv}_t", f"{iv}_r", f"{jv}_q"
@@ -264,7 +276,15 @@ def _register_tile(nest: Nest, pad: str) -> str:
         acc_type, first = _acc_type(nest), substitute(nest.init, at)
         last = substitute(nest.post, {**at, nest.acc: cell}) if nest.post else cell
     i0, n_i, j0, n_j = (text(x) for x in (i.start, i.bound, j.start, j.bound))
-    body = text(j.node.child_by_field_name("body"))
+    product, pack, unpack = substitute(nest.product, at), [], []
+    if packed is not None:
+        buffer = f"{jv}{k.var}_packed"
+
+        def packed_cell(column: str) -> str:
+            return f"{buffer}[({k.var} - {text(k.start)}) * ({n_j} - {j0}) + ({column} - {j0})]"
+
+        product = substitute(nest.product, at, (packed, packed_cell(at[jv])))
+        pack, unpack = _packing(nest, packed, buffer, packed_cell(jv)), [f"delete[] {buffer};"]
 
     def over_tile(statement: str, pad: str = "    ") -> list[str]:
         return [
@@ -274,19 +294,24 @@ def _register_tile(nest: Nest, pad: str) -> str:
             f"{pad}}}",
         ]
 
+    body = text(j.node.child_by_field_name("body"))
     lines = [
         "{",
         *(line.format(rows=rows, cols=cols) for line in TILE_SIZES),
         f"{i.type} {iv}_main = {i0} + ({n_i} - {i0}) / {rows} * {rows};",
         f"{j.type} {jv}_main = {j0} + ({n_j} - {j0}) / {cols} * {cols};",
+        f"if ({iv}_main > {i0} && {jv}_main > {j0}) {{",
+        *pack,
         f"for ({j.type} {jt} = {j0}; {jt} < {jv}_main; {jt} += {cols})",
         f"for ({i.type} {it} = {i0}; {it} < {iv}_main; {it} += {rows}) {{",
         f"    {acc_type} {tile}[{rows}][{cols}];",
         *over_tile(f"{cell} = {first}"),
-        f"    {_header(nest.k)} {{",
-        *over_tile(f"{cell} += {substitute(nest.product, at)}", "        "),
+        f"    {_header(k)} {{",
+        *over_tile(f"{cell} += {product}", "        "),
         "    }",
         *over_tile(f"{substitute(nest.out, at)} = {last}"),
+        "}",
+        *unpack,
         "}",
         f"for ({i.type} {iv} = {i0}; {iv} < {iv}_main; ++{iv})",
         f"    for ({j.type} {jv} = {jv}_main; {jv} < {n_j}; ++{jv}) {body}",
@@ -295,6 +320,26 @@ def _register_tile(nest: Nest, pad: str) -> str:
         "}",
     ]
     return f"\n{pad}".join(lines)
+
+
+PACK_BLOCK = 32  # columns of the operand transposed together (lines reused across k)
+
+
+def _packing(nest: Nest, operand: Node, buffer: str, cell: str) -> list[str]:
+    """Allocate `buffer` and fill it with `operand` transposed, PACK_BLOCK rows of it at a
+    time (a plain transpose writes one cache line per element)."""
+    j, k = nest.j, nest.k
+    jv, j0, n_j = j.var, text(j.start), text(j.bound)
+    size = f"({n_j} - {j0}) * ({text(k.bound)} - {text(k.start)})"
+    kind = f"decltype({substitute(operand, {jv: j0, k.var: text(k.start)})} + 0)"
+    block = f"{jv}_b"
+    return [
+        f"{kind}* {buffer} = new {kind}[{size}];",
+        f"for ({j.type} {block} = {j0}; {block} < {n_j}; {block} += {PACK_BLOCK})",
+        f"    {_header(k)}",
+        f"        for ({j.type} {jv} = {block}; {jv} < {block} + {PACK_BLOCK} && {jv} < {n_j}; "
+        f"++{jv}) {cell} = {text(operand)};",
+    ]
 
 
 def _acc_type(nest: Nest) -> str:
@@ -329,10 +374,16 @@ def _tile_edit(code: bytes, node: Node) -> Edit | str:
         return nest
     if _tiled_edge(node, nest):
         return "already register-tiled (this nest is a tile's edge)"
-    index = _j_index(nest)
-    if index is None or not _unit_in(index, nest.j.var):
-        return "no operand contiguous in j (a row-major B) to tile"
-    return (node.start_byte, node.end_byte, _register_tile(nest, indent_of(code, node)))
+    operand = _j_operand(nest)
+    index = operand.child_by_field_name("indices") if operand is not None else None
+    if operand is None or index is None:
+        return "no single operand indexed by j"
+    pad = indent_of(code, node)
+    if _unit_in(index, nest.j.var):
+        return (node.start_byte, node.end_byte, _register_tile(nest, pad))
+    if _unit_in(index, nest.k.var):  # an (N, K) weight: packed into (K, N) first
+        return (node.start_byte, node.end_byte, _register_tile(nest, pad, operand))
+    return "the j operand is contiguous in neither j nor k"
 
 
 def _tiled_edge(node: Node, nest: Nest) -> bool:
@@ -394,8 +445,9 @@ REWRITES = [
     Rewrite(
         "cpu.register_tile",
         "cpu",
-        "matmul nest with a row-major B: a micro-kernel holding a tile of outputs in "
-        "registers over the whole k loop (8x32 with AVX-512, else 6x16), edges as before",
+        "matmul nest: a micro-kernel holding a tile of outputs in registers over the whole k "
+        "loop (8x32 with AVX-512, else 6x16), an (N, K) weight packed into (K, N) first; "
+        "edges as before",
         _with_simd_flags(_nests(_tile_edit)),
         compound=True,
     ),
