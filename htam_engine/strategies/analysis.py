@@ -138,7 +138,7 @@ def reduction_operator(body: Node, target: Node, op: str) -> str | None:
     if update is None or update.type != "assignment_expression":
         return None
     right = strip_parens(update.child_by_field_name("right"))
-    if right is None or not all(_within(u, update) for u in uses):
+    if right is None or not all(within(u, update) for u in uses):
         return None
     if op in ("+=", "*=", "-="):
         return None if mentions(right, {name}) else {"+=": "+", "-=": "+", "*=": "*"}[op]
@@ -189,7 +189,8 @@ def strip_parens(node: Node | None) -> Node | None:
     return node
 
 
-def _within(node: Node, ancestor: Node) -> bool:
+def within(node: Node, ancestor: Node) -> bool:
+    """True when `node` lies inside `ancestor` (or is it)."""
     return ancestor.start_byte <= node.start_byte and node.end_byte <= ancestor.end_byte
 
 
@@ -310,7 +311,7 @@ def declared_simd(code: str, name: str) -> bool:
 
 def outermost_loops(fn: Node) -> list[Node]:
     every = cxx_source.loops(fn)
-    return [loop for loop in every if not any(o != loop and _within(loop, o) for o in every)]
+    return [loop for loop in every if not any(o != loop and within(loop, o) for o in every)]
 
 
 def simd_clause(node: Node) -> tuple[str | None, str]:
@@ -323,3 +324,24 @@ def simd_clause(node: Node) -> tuple[str | None, str]:
     if reason is not None:
         return reason, ""
     return None, reduction_clauses(reductions)
+
+
+def substitute(node: Node, names: dict[str, str], swap: tuple[Node, str] | None = None) -> str:
+    """`node`'s text with the identifiers in `names` replaced (and the node `swap[0]`
+    under it by the text `swap[1]`)."""
+    start, pieces, at = node.start_byte, [], node.start_byte
+    source = node.text or b""
+    for n in walk(node):
+        if n.start_byte < at:  # inside what was swapped
+            continue
+        if swap is not None and n == swap[0]:
+            replacement = swap[1]
+        elif n.type == "identifier" and text(n) in names:
+            replacement = names[text(n)]
+        else:
+            continue
+        pieces.append(source[at - start : n.start_byte - start].decode())
+        pieces.append(replacement)
+        at = n.end_byte
+    pieces.append(source[at - start :].decode())
+    return "".join(pieces)

@@ -15,8 +15,9 @@ from tree_sitter import Node
 
 from htam_engine.parsing import cxx_source, text, walk
 from htam_engine.strategies import analysis
+from htam_engine.strategies.analysis import substitute
 from htam_engine.strategies.base import Edit, Plan, Rewrite, cpp, indent_of
-from htam_engine.strategies.cpu_math import PURE_CALLS, _invariant, _scalar_types
+from htam_engine.strategies.cpu_math import PURE_CALLS, invariant, scalar_types
 
 LANES = 4
 FLOATING = ("float", "double")
@@ -31,19 +32,9 @@ def _fresh(base: str, taken: set[str]) -> str:
     return name
 
 
-def _substitute(node: Node, names: dict[str, str]) -> str:
-    """The text of `node` with the identifiers in `names` replaced."""
-    source = node.text or b""
-    for n in sorted(walk(node), key=lambda n: n.start_byte, reverse=True):
-        if n.type == "identifier" and text(n) in names:
-            start, end = n.start_byte - node.start_byte, n.end_byte - node.start_byte
-            source = source[:start] + names[text(n)].encode() + source[end:]
-    return source.decode()
-
-
 def _block(node: Node, names: dict[str, str], pad: str, deeper: str) -> str:
     """The loop body `node` (at indentation `pad`) as a block `deeper` further in."""
-    body = _substitute(node, names).replace(f"\n{pad}", f"\n{pad}{deeper}")
+    body = substitute(node, names).replace(f"\n{pad}", f"\n{pad}{deeper}")
     return body if node.type == "compound_statement" else f"{{ {body} }}"
 
 
@@ -127,7 +118,7 @@ def plan_multi_accumulator(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     reasons: list[str] = []
     for fn in cxx_source.functions(root):
-        types = _scalar_types(fn)
+        types = scalar_types(fn)
         taken = {text(n) for n in walk(fn) if n.type == "identifier"}
         for node in cxx_source.innermost_loops(fn):
             plan = _split_plan(code, node, types, taken)
@@ -308,11 +299,11 @@ def _inlined(body: Node, update: Node) -> str | None:
                 value = decl.child_by_field_name("value")
                 if value is None:
                     return None
-                values[name] = f"({_substitute(value, values)})"
+                values[name] = f"({substitute(value, values)})"
         elif statement.type not in ("comment", "expression_statement"):
             return None
     right = update.child_by_field_name("right")
-    return _substitute(right, values) if right is not None else None
+    return substitute(right, values) if right is not None else None
 
 
 def _moments_pair(
@@ -390,7 +381,7 @@ def _fuse_plan(
         edits: list[Edit] = []
         reasons: list[str] = []
         for fn in cxx_source.functions(root):
-            types = _scalar_types(fn)
+            types = scalar_types(fn)
             taken = {text(n) for n in walk(fn) if n.type == "identifier"}
             for block in (n for n in walk(fn) if n.type == "compound_statement"):
                 for first, between, second in _pass_pairs(block):
@@ -439,7 +430,7 @@ def _hoistable(node: Node, loop: analysis.Loop, stores: bool) -> bool:
     """An expression worth computing once: invariant, side-effect free, with a math call or
     a load (index arithmetic alone GCC hoists itself, measured no gain), and reading memory
     only when the loop writes none."""
-    if node.type not in HOISTED or not _invariant(node, loop):
+    if node.type not in HOISTED or not invariant(node, loop):
         return False
     if not any(n.type in HOISTED[1:] for n in walk(node)):
         return False
@@ -478,7 +469,7 @@ def _hoist_plan(code: bytes, node: Node, taken: set[str]) -> list[Edit] | str:
     stores = any(t.type != "identifier" for t, _ in analysis.write_targets(body))
     found: list[Node] = []
     for n in walk(body):
-        if _hoistable(n, loop, stores) and not any(_within(n, f) for f in found):
+        if _hoistable(n, loop, stores) and not any(analysis.within(n, f) for f in found):
             found.append(n)
     if not found:
         return "no loop-invariant computation in an innermost loop"
@@ -492,10 +483,6 @@ def _hoist_plan(code: bytes, node: Node, taken: set[str]) -> list[Edit] | str:
             edits.append((anchor.start_byte, anchor.start_byte, line))
         edits.append((n.start_byte, n.end_byte, names[text(n)]))
     return edits
-
-
-def _within(node: Node, outer: Node) -> bool:
-    return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
 
 
 def plan_hoist(code: bytes, root: Node) -> Plan:

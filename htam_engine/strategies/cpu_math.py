@@ -186,7 +186,7 @@ def plan_branchless(code: bytes, root: Node) -> Plan:
 PURE_CALLS = {"sqrtf", "sqrt", "fabsf", "fabs", *analysis.VECTOR_MATH}
 
 
-def _scalar_types(fn: Node) -> dict[str, str]:
+def scalar_types(fn: Node) -> dict[str, str]:
     """Declared type of every plain (non-pointer) variable and parameter of `fn`."""
     types: dict[str, str] = {}
     for n in walk(fn):
@@ -223,7 +223,7 @@ def _floating(node: Node, types: dict[str, str]) -> str | None:
     return ("double" if "double" in kinds else "float") if kinds else None
 
 
-def _invariant(node: Node, loop: analysis.Loop) -> bool:
+def invariant(node: Node, loop: analysis.Loop) -> bool:
     body = loop.node.child_by_field_name("body")
     if body is None:
         return False
@@ -239,7 +239,7 @@ def _inside(node: Node, outer: list[Node]) -> bool:
 def plan_reciprocal(code: bytes, root: Node) -> Plan:
     edits: list[Edit] = []
     for fn in cxx_source.functions(root):
-        types = _scalar_types(fn)
+        types = scalar_types(fn)
         taken = {text(n) for n in walk(fn) if n.type == "identifier"}
         for node in cxx_source.innermost_loops(fn):
             loop = analysis.canonical(node)
@@ -252,7 +252,7 @@ def plan_reciprocal(code: bytes, root: Node) -> Plan:
                 if right is None or text(n.child_by_field_name("operator")) != "/":
                     continue
                 kind = _floating(right, types)
-                if kind is None or not _invariant(right, loop) or _inside(n, replaced):
+                if kind is None or not invariant(right, loop) or _inside(n, replaced):
                     continue
                 replaced.append(n)
                 if text(right) not in names:

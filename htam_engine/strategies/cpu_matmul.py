@@ -30,6 +30,7 @@ from tree_sitter import Node
 
 from htam_engine.parsing import cxx_source, embedded_sources, text, walk
 from htam_engine.strategies import analysis
+from htam_engine.strategies.analysis import substitute
 from htam_engine.strategies.base import (
     LOW_OPT,
     Edit,
@@ -163,27 +164,6 @@ def _unit_in(index: Node, var: str) -> bool:
                     return False
                 parent = parent.parent
     return True
-
-
-def substitute(node: Node, names: dict[str, str], swap: tuple[Node, str] | None = None) -> str:
-    """`node`'s text with the identifiers in `names` replaced (and the node `swap[0]`
-    under it by the text `swap[1]`)."""
-    start, pieces, at = node.start_byte, [], node.start_byte
-    source = node.text or b""
-    for n in walk(node):
-        if n.start_byte < at:  # inside what was swapped
-            continue
-        if swap is not None and n == swap[0]:
-            replacement = swap[1]
-        elif n.type == "identifier" and text(n) in names:
-            replacement = names[text(n)]
-        else:
-            continue
-        pieces.append(source[at - start : n.start_byte - start].decode())
-        pieces.append(replacement)
-        at = n.end_byte
-    pieces.append(source[at - start :].decode())
-    return "".join(pieces)
 
 
 def _header(loop: analysis.Loop) -> str:
