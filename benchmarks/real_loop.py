@@ -153,6 +153,7 @@ def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
         ],
         "phase_seconds": [v.get("phase_seconds") or {} for v in verdicts],
         "best_source": result["best_source"],
+        "stopped": result.get("stopped", ""),
     }
 
 
@@ -248,6 +249,7 @@ def arm_markdown(out: dict[str, Any], name: str, arm: dict[str, Any]) -> str:
             lines.append(f"| {r['example']} | run failed: {error_line(r)} | | | | | | | |")
             continue
         path = "; ".join(f"{s['global']}/{s['local']}: {s['status']}" for s in r["steps"])
+        path += f" (stopped: {r['stopped']})" if r.get("stopped") else ""
         if r["start_error"]:
             path = f"start failed: {r['start_error']}; {path}".replace("|", "/")
         ph = [p for p in r["phase_seconds"] if p]
