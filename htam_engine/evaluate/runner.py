@@ -250,6 +250,13 @@ def run_candidate(
     return verdict
 
 
+def start_ahead(task: Task, device: str = "auto", limits: Limits | None = None) -> None:
+    """Start now the judge the next evaluation of `task` on `device` takes (`standby`,
+    with `keep_warm` on): its workers, input sets and expected outputs."""
+    resolved = machine.resolve_device(device, task.backend)
+    standby.prefill(_ahead(task, resolved, limits or Limits()), task.reference_source)
+
+
 def _keep_builds(verdict: Verdict, boxes: dict[str, builds.Box]) -> None:
     """Keep the builds of a candidate (and incumbent) verified correct; record which
     side reused its own earlier build (`builds`), and forget one that then failed for
