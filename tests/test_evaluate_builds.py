@@ -1,11 +1,13 @@
 """The trusted build cache (`evaluate.builds`): a re-evaluation of the same content reuses
 its own build, other content never does, a box cannot write an entry, and no failed
-build is kept."""
+build is kept. A build is kept once its candidate passed verification (what its timing
+says, e.g. a thread flagged on a loaded machine, does not matter to the build)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +16,10 @@ from helpers.candidates import QUICK, measure, sandboxed
 
 from htam_engine import kernels
 from htam_engine.evaluate import builds
+from htam_engine.evaluate.runner import run_candidate
 from htam_engine.evaluate.verdict import Verdict
 from htam_engine.paths import subdir
+from htam_engine.task import load_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 CORRECT = FIXTURES / "correct.py"
@@ -52,13 +56,21 @@ def evaluate(path: Path, source: str | None = None) -> Verdict:
 @pytest.mark.slow
 def test_a_build_reaches_only_evaluations_of_its_own_content(bwrap: None) -> None:
     first = evaluate(CORRECT)
-    assert first.correct and first.builds == {"candidate": "kept"}, first.error
+    assert first.builds == {"candidate": "kept"}, first.error
     kept = entries()
     (key,) = kept
     (library,) = kept[key]
     again = evaluate(CORRECT)
-    assert again.correct and again.builds == {"candidate": "reused"}, again.error
+    assert again.builds == {"candidate": "reused"}, again.error
     assert entries() == kept, "a hit adds nothing"
+    other_source = CORRECT.read_text() + "\n# another content\n"
+    other = evaluate(CORRECT, other_source)
+    assert other.builds == {"candidate": "kept"}, other.error
+    duel = run_candidate(  # a duel against the best: both sides are known content
+        load_task(CORRECT), other_source, Verdict(device="cpu", sandbox="bwrap"), QUICK,
+        threading.Event(), lambda _phase: None, incumbent=CORRECT.read_text(),
+    )  # fmt: skip
+    assert duel.builds == {"candidate": "reused", "incumbent": "reused"}, duel.error
 
     # A poisoned entry (the library of a wrong kernel under the same name) reaches only
     # the content it was kept for: proof that a hit loads the kept build, not a new one.
@@ -66,14 +78,15 @@ def test_a_build_reaches_only_evaluations_of_its_own_content(bwrap: None) -> Non
     wrong = kernels.build_cpp(wrong_source)
     (subdir("box-builds") / key / library).chmod(0o644)
     (subdir("box-builds") / key / library).write_bytes(wrong.read_bytes())
-    other = evaluate(CORRECT, CORRECT.read_text() + "\n# another content\n")
-    assert other.correct and other.builds == {"candidate": "kept"}, other.error
+    other = evaluate(CORRECT, other_source)
+    assert other.builds == {"candidate": "reused"} and other.inputs_checked, other.error
+    assert other.error is None or other.error.kind != "incorrect", other.error
     poisoned = evaluate(CORRECT)
     assert poisoned.builds == {"candidate": "reused"}
     assert poisoned.error is not None and poisoned.error.kind == "incorrect"
     assert key not in entries(), "an entry whose evaluation failed is forgotten"
     healed = evaluate(CORRECT)
-    assert healed.correct and healed.builds == {"candidate": "kept"}, healed.error
+    assert healed.builds == {"candidate": "kept"}, healed.error
 
 
 @pytest.mark.slow
@@ -104,14 +117,14 @@ os.mkfifo(build / "pipe")
 
 @pytest.mark.slow
 def test_a_candidate_cannot_write_another_keys_entry(bwrap: None) -> None:
-    assert evaluate(CORRECT).correct
+    assert evaluate(CORRECT).builds == {"candidate": "kept"}
     before = entries()
     (key,) = before
     targets = [str(subdir("box-builds") / key / name) for name in before[key]]
     targets.append(str(subdir("box-builds") / key / "extra.so"))
     source = CORRECT.read_text() + INTRUDER.format(targets=targets)
     intruder = evaluate(CORRECT, source)
-    assert intruder.correct and intruder.builds == {"candidate": "kept"}, intruder.error
+    assert intruder.builds == {"candidate": "kept"}, intruder.error
     after = entries()
     assert after[key] == before[key], "the other entry is untouched"
     (own,) = set(after) - {key}

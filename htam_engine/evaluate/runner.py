@@ -232,19 +232,23 @@ def run_candidate(
     with standby.judge_for(ahead, task.reference_source) as started:
         boxes = _write_job(started, task, source, incumbent, decide)
         started.judge.send(protocol.JOB)
+        passed: list[str] = []
 
-        def compiled() -> None:  # both workers loaded and stopped
-            for box in boxes.values():
-                box.stage()
+        def phase(name: str) -> None:
+            if name == "verify":  # compiled: both workers loaded, and stopped till called
+                for box in boxes.values():
+                    box.stage()
+            passed.append(name)  # "time": verified correct
+            on_phase(name)
 
         try:
-            _phases(started.judge, task, verdict, limits, cancel, on_phase, decide, compiled)
+            _phases(started.judge, task, verdict, limits, cancel, phase, decide)
         except Stop as stop:
             _error(verdict, stop, source)
         if baseline == COMPILED:
             _compile_seconds(verdict, started.jobdir / "reference" / "compiled.json")
         work = roofline.read_work(started.jobdir / "work.json")  # the judge counted it
-    _keep_builds(verdict, boxes)
+    _keep_builds(verdict, boxes, verified="time" in passed)
     # against this machine's limits (the judge and its workers are gone: nothing runs beside)
     roofline.for_verdict(task.reference_source, verdict, incumbent is None, work)
     return verdict
@@ -257,16 +261,16 @@ def start_ahead(task: Task, device: str = "auto", limits: Limits | None = None) 
     standby.prefill(_ahead(task, resolved, limits or Limits()), task.reference_source)
 
 
-def _keep_builds(verdict: Verdict, boxes: dict[str, builds.Box]) -> None:
-    """Keep the builds of a candidate (and incumbent) verified correct; record which
-    side reused its own earlier build (`builds`), and forget one that then failed for
-    the candidate's own reasons (its next evaluation compiles afresh)."""
+def _keep_builds(verdict: Verdict, boxes: dict[str, builds.Box], verified: bool) -> None:
+    """Keep the builds of a candidate (and incumbent) `verified` correct (whatever its
+    timing said); record which side reused its own earlier build (`builds`), and forget
+    one that failed for the candidate's own reasons (its next evaluation compiles afresh)."""
     for role, box in boxes.items():
         if box.reused:
             verdict.builds[role] = "reused"
-            if verdict.error is not None and verdict.error_kind not in _UNCACHED:
+            if not verified and verdict.error_kind not in _UNCACHED:
                 box.forget()
-        elif verdict.correct and box.keep():
+        elif verified and box.keep():
             verdict.builds[role] = "kept"
         else:
             box.drop()
@@ -482,20 +486,15 @@ def _phases(
     cancel: threading.Event,
     on_phase: Callable[[str], None],
     decide: float | None = None,
-    compiled: Callable[[], None] = lambda: None,
 ) -> None:
-    """Compile, verify and time through the judge; `compiled` is called once both
-    workers have loaded (and are stopped), before any call."""
-
     def answer(kind: type[protocol.M], limit_s: float, phase: str) -> protocol.M:
         return protocol.decode(judge.wait_for(kind.EVENT, limit_s, phase, cancel), kind)
 
     start = time.monotonic()
-    loaded = answer(protocol.Compiled, limits.compile_s + limits.verify_s, "compile")
+    compiled = answer(protocol.Compiled, limits.compile_s + limits.verify_s, "compile")
     verdict.compiled = True
-    verdict.sandbox = loaded.sandbox
+    verdict.sandbox = compiled.sandbox
     _timed(verdict, "compile", start)
-    compiled()
     on_phase("verify")
     start = time.monotonic()
     judge.send(protocol.VERIFY)
