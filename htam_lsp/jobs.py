@@ -168,6 +168,7 @@ class JobManager:
         self.jobs: dict[str, Job] = {}
         self.grace_s = grace_s
         self.warm: Warm | None = None
+        self._warming = asyncio.Lock()  # one process started ahead at a time
 
     def running(self) -> bool:
         return any(not job.finished for job in self.jobs.values())
@@ -175,20 +176,23 @@ class JobManager:
     async def warm_up(self, task: str, device: str) -> None:
         """Have a process ready for the next job on `task` (none while a job runs: its
         start would slow a timing; none for a stand-in engine)."""
-        if self.running() or engine_module() != ENGINE:
-            return
-        if self.warm is not None and self.warm.fits(task, device):
-            return
-        await self.cool()
-        proc = await asyncio.create_subprocess_exec(
-            *warm_argv(task, device),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            limit=LINE_LIMIT,
-        )
-        self.warm = Warm(task, device, proc)
+        async with self._warming:
+            if self.running() or engine_module() != ENGINE:
+                return
+            if self.warm is not None and self.warm.fits(task, device):
+                return
+            await self.cool()
+            proc = await asyncio.create_subprocess_exec(
+                *warm_argv(task, device),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                limit=LINE_LIMIT,
+            )
+            self.warm = Warm(task, device, proc)
+            if self.running():  # a job began meanwhile (cold): nothing starts beside it
+                await self.cool()
 
     async def cool(self, task: str | None = None) -> None:
         """End the process started ahead (only if it is for `task`, when given): end of
