@@ -1,8 +1,11 @@
 """Background jobs: one `htam optimize --events` subprocess per job, in its own group.
 
 The server's event loop only awaits pipes; the loop, compiles and timings all run in the
-subprocess. `JobManager` owns every job and the one way to stop one: SIGTERM to the job's
-process group (the engine then stops its worker and keeps what it learned), SIGKILL to
+subprocess. While no job runs, one such process waits ready for the kernel the user has
+open (`Warm`, `htam_engine.warm`: the engine imported, its first judge and workers
+started), and the next job on that kernel takes it instead of starting cold.
+`JobManager` owns every job and the one way to stop one: SIGTERM to the job's process
+group (the engine then stops its worker and keeps what it learned), SIGKILL to
 the group and to every descendant's group after a grace period. How a job ended comes
 from the engine's own last event (`Result` or `Failed`), not from its exit code.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import os
 import shutil
@@ -100,9 +104,32 @@ def eval_argv(task: str, candidate: str) -> list[str]:
     return [*argv, "--device", "cuda", "--json"]
 
 
+def warm_argv(task: str, device: str) -> list[str]:
+    """An `htam optimize` started ahead for `task` on `device` (at the jobs' priority)."""
+    nice = shutil.which("nice")
+    argv = [nice, "-n", str(NICENESS)] if nice else []
+    return [*argv, sys.executable, "-m", WARM_MODULE, task, device]
+
+
+ENGINE = "htam_engine.cli"
+WARM_MODULE = "htam_engine.warm"
+
+
+@dataclass
+class Warm:
+    """A process started ahead for one task and device, waiting for its job's arguments."""
+
+    task: str
+    device: str
+    proc: asyncio.subprocess.Process
+
+    def fits(self, task: str, device: str) -> bool:
+        return (self.task, self.device) == (task, device) and self.proc.returncode is None
+
+
 def engine_module() -> str:
     """The module run as `htam` (`HTAM_LSP_ENGINE`: a stand-in engine, for tests)."""
-    return os.environ.get("HTAM_LSP_ENGINE") or "htam_engine.cli"
+    return os.environ.get("HTAM_LSP_ENGINE") or ENGINE
 
 
 def optimize_argv(
@@ -140,6 +167,56 @@ class JobManager:
     def __init__(self, grace_s: float = GRACE_S) -> None:
         self.jobs: dict[str, Job] = {}
         self.grace_s = grace_s
+        self.warm: Warm | None = None
+        self._warming = asyncio.Lock()  # one process started ahead at a time
+
+    def running(self) -> bool:
+        return any(not job.finished for job in self.jobs.values())
+
+    async def warm_up(self, task: str, device: str) -> None:
+        """Have a process ready for the next job on `task` (none while a job runs: its
+        start would slow a timing; none for a stand-in engine)."""
+        async with self._warming:
+            if self.running() or engine_module() != ENGINE:
+                return
+            if self.warm is not None and self.warm.fits(task, device):
+                return
+            await self.cool()
+            proc = await asyncio.create_subprocess_exec(
+                *warm_argv(task, device),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                limit=LINE_LIMIT,
+            )
+            self.warm = Warm(task, device, proc)
+            if self.running():  # a job began meanwhile (cold): nothing starts beside it
+                await self.cool()
+
+    async def cool(self, task: str | None = None) -> None:
+        """End the process started ahead (only if it is for `task`, when given): end of
+        input lets it finish its spare; killed if it has not gone after the grace period."""
+        warm = self.warm
+        if warm is None or task not in (None, warm.task):
+            return
+        self.warm = None
+        assert warm.proc.stdin is not None
+        warm.proc.stdin.close()
+        try:
+            await asyncio.wait_for(warm.proc.wait(), self.grace_s)
+        except TimeoutError:
+            kill_group(warm.proc.pid)
+            await warm.proc.wait()
+
+    async def _take_warm(self, task: str | None, device: str) -> asyncio.subprocess.Process | None:
+        """The process started ahead if it fits the job; else it is ended."""
+        warm = self.warm
+        if warm is not None and task is not None and warm.fits(task, device):
+            self.warm = None
+            return warm.proc
+        await self.cool()
+        return None
 
     def create(self, uri: str, kernel: str, steps: int) -> Job:
         job = Job(uri, kernel, steps)
@@ -175,13 +252,22 @@ class JobManager:
             with contextlib.suppress(RuntimeError):  # no running loop: shutting down
                 asyncio.get_running_loop().call_later(self.grace_s, kill_group, job)
 
-    async def run(self, job: Job, argv: Sequence[str], on_event: OnEvent) -> None:
-        """Run the job's process to its end and set its final state and message."""
+    async def run(
+        self,
+        job: Job,
+        argv: Sequence[str],
+        on_event: OnEvent,
+        task: str | None = None,
+        device: str = "auto",
+    ) -> None:
+        """Run the job's process to its end and set its final state and message; the
+        process started ahead for (`task`, `device`) serves it when there is one."""
         if job.cancel_requested:
             code, tail = -signal.SIGTERM, ""
         else:
             job.state = "running"
-            code, tail = await run_process(job, argv, _typed(_recording(on_event)))
+            ready = await self._take_warm(task, device)
+            code, tail = await run_process(job, argv, _typed(_recording(on_event)), ready)
         job.state, job.message = ending(job, code, tail)
 
     async def output(self, job: Job, argv: Sequence[str]) -> tuple[int, bytes, str]:
@@ -236,16 +322,29 @@ def ending(job: Job, code: int, tail: str) -> tuple[str, str]:
     return "failed", f"htam optimize ended without a result (exit code {code}): {why}"
 
 
-async def run_process(job: Job, argv: Sequence[str], on_line: OnLine) -> tuple[int, str]:
-    """Run `argv` for `job`, feeding each stdout line to `on_line`; (exit code, stderr tail)."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-        limit=LINE_LIMIT,
-    )
+async def run_process(
+    job: Job,
+    argv: Sequence[str],
+    on_line: OnLine,
+    ready: asyncio.subprocess.Process | None = None,
+) -> tuple[int, str]:
+    """Run `argv` for `job` (in `ready`, a process started ahead, when given), feeding each
+    stdout line to `on_line`; (exit code, stderr tail)."""
+    if ready is not None:
+        assert ready.stdin is not None
+        module = argv.index(engine_module())
+        ready.stdin.write(json.dumps(list(argv[module + 1 :])).encode() + b"\n")
+        ready.stdin.close()
+        proc = ready
+    else:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            limit=LINE_LIMIT,
+        )
     job.pid = proc.pid
     tail: deque[str] = deque(maxlen=20)
     assert proc.stdout is not None and proc.stderr is not None
@@ -270,18 +369,20 @@ def signal_group(job: Job, sig: int) -> bool:
     return kill_process_group(job.pid, sig)
 
 
-def kill_group(job: Job) -> bool:
-    """SIGKILL the job's process group and the groups of all its descendants.
+def kill_group(job: Job | int) -> bool:
+    """SIGKILL the process group of the job (or of a pid) and the groups of all its
+    descendants.
 
     The evaluator runs each candidate in a worker with its own session, which a kill
     of the job's group alone would leave running. False when the job had already gone.
     """
-    if job.pid is None:
+    pid = job if isinstance(job, int) else job.pid
+    if pid is None:
         return False
-    groups = {job.pid}
-    for pid in descendants(job.pid):
+    groups = {pid}
+    for child in descendants(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            groups.add(os.getpgid(pid))
+            groups.add(os.getpgid(child))
     killed = [kill_process_group(group) for group in groups]
     return any(killed)
 

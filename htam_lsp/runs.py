@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import shutil
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,7 @@ class Runs:
         self.jobs = JobManager()
         self.provider: events.Start | None = None  # the last worker's own word
         self.compile_errors: dict[str, CompileError] = {}  # uri -> where its code failed
+        self._pending: set[asyncio.Task[None]] = set()
 
     def start(self, doc: Document, unit: discovery.Unit, steps: int) -> dict[str, Any]:
         """Create the job and return its id at once; the work happens in a background task.
@@ -76,6 +78,28 @@ class Runs:
         self.ls.publish_job(job)
         job.task = asyncio.create_task(self.run(job, doc.data, begun, uri_path(doc.uri) or ""))
         return {"jobId": job.id, "state": job.state}
+
+    def warm_up(self, doc: Document) -> None:
+        """Have the next job's process, judge and workers started for `doc` before the
+        user asks, when it is a kernel bound to its reference that a job could run on now
+        (`JobManager.warm_up`)."""
+        unit = discovery.task_unit(doc)
+        path = uri_path(doc.uri)
+        if unit is None or path is None or not insight.binding(doc).get("reference"):
+            return
+        if self.refusal(doc, unit) is None:
+            self._background(self.jobs.warm_up(path, self.ls.settings.device))
+
+    def cool(self, doc_uri: str | None = None) -> None:
+        """End the process started ahead (only the one for `doc_uri`, when given)."""
+        path = uri_path(doc_uri) if doc_uri is not None else None
+        if doc_uri is None or path is not None:
+            self._background(self.jobs.cool(path))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._pending.add(task)  # a reference: the loop holds tasks only weakly
+        task.add_done_callback(self._pending.discard)
 
     def refusal(self, doc: Document, unit: discovery.Unit) -> str | None:
         """Why a job on `unit` cannot run here, said before anything starts; else None."""
@@ -166,7 +190,8 @@ class Runs:
             job.state = "running"
             self.ls.publish_job(job)
             self.ls.refresh_lenses()  # the kernel's lens shows the job running
-            await self.jobs.run(job, argv, functools.partial(self.on_event, begun=begun))
+            on_event = functools.partial(self.on_event, begun=begun)
+            await self.jobs.run(job, argv, on_event, task_path, self.ls.settings.device)
             if job.state == "done":
                 job.message = self.summary(job)
             elif job.state == "failed" and job.steps_done == 0:
@@ -181,6 +206,8 @@ class Runs:
         self.ls.publish_job(job)
         self.ls.refresh_lenses()
         self.ls.schedule_diagnostics(job.uri)
+        if (doc := self.ls.docs.get(job.uri)) is not None:
+            self.warm_up(doc)  # ready for the next step
 
     def summary(self, job: Job) -> str:
         """The last word of a finished job: what it found for the current text, with numbers."""

@@ -264,6 +264,8 @@ def apply_settings(ls: HtamServer, raw: Any) -> None:
     """Workspace settings: they may switch execution off, never on (see settings.py)."""
     ls.settings, problems = ls.settings.merged(raw, may_allow=False)
     ls.problems["workspace settings"] = problems
+    if not ls.settings.allow_execution:
+        ls.runs.cool()  # nothing runs ahead either
     if problems:
         ls.show("HTAM settings ignored: " + "; ".join(problems), t.MessageType.Warning)
 
@@ -275,9 +277,10 @@ def apply_settings(ls: HtamServer, raw: Any) -> None:
 @guarded()
 def did_open(ls: HtamServer, params: t.DidOpenTextDocumentParams) -> None:
     item = params.text_document
-    ls.docs.open(item.uri, item.language_id, item.version, item.text)
+    doc = ls.docs.open(item.uri, item.language_id, item.version, item.text)
     ls.focus = item.uri
     ls.schedule_diagnostics(item.uri)
+    ls.runs.warm_up(doc)
 
 
 @server.feature(t.TEXT_DOCUMENT_DID_CHANGE)
@@ -308,6 +311,7 @@ def did_change(ls: HtamServer, params: t.DidChangeTextDocumentParams) -> None:
 def did_close(ls: HtamServer, params: t.DidCloseTextDocumentParams) -> None:
     uri = params.text_document.uri
     ls.docs.close(uri)
+    ls.runs.cool(uri)
     timer = ls._diagnostic_timers.pop(uri, None)
     if timer is not None:
         timer.cancel()
@@ -513,8 +517,9 @@ def progress_cancel(ls: HtamServer, params: t.WorkDoneProgressCancelParams) -> N
 
 @server.feature(t.SHUTDOWN)
 @guarded()
-def shutdown(ls: HtamServer, params: Any) -> None:
+async def shutdown(ls: HtamServer, params: Any) -> None:
     ls.runs.jobs.cancel()
+    await ls.runs.jobs.cool()
 
 
 gc.freeze()

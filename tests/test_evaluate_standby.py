@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from htam_engine.evaluate import evaluate, standby
+from htam_engine.evaluate import evaluate, runner, standby
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.paths import subdir
-from htam_engine.task import load_task
+from htam_engine.task import load_task, with_policy, with_start
 
 pytestmark = pytest.mark.slow
 
@@ -85,3 +86,27 @@ def test_a_spare_prepares_its_inputs_before_any_candidate(warm: None) -> None:
     assert all((spare.jobdir / role / "init.pt").exists() for role in standby.ROLES)
     assert not any((spare.jobdir / role / "candidate").exists() for role in standby.ROLES)
     assert not (spare.jobdir / "job.json").exists()
+
+
+def test_a_judge_started_ahead_for_a_task_serves_its_first_evaluation(
+    warm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `htam_engine.warm` starts before the language server's next job fits that
+    job's first evaluation: no other judge is started for it (only the next spare)."""
+    path = FIXTURES / "correct.py"
+    runner.start_ahead(with_policy(load_task(path)), "cpu")
+    ahead = _spare()
+    started: list[standby.Started] = []
+    start = standby.start
+
+    def counted(*args: Any) -> standby.Started:
+        started.append(start(*args))
+        return started[-1]
+
+    monkeypatch.setattr(standby, "start", counted)
+    task = with_start(with_policy(load_task(path)), path)
+    assert task.impl_source is not None
+    verdict = evaluate(task, task.impl_source, device="cpu", limits=Limits(), use_cache=False)
+    assert verdict.correct, verdict.error
+    assert not ahead.jobdir.exists() and len(started) == 1, "the spare served it"
+    assert _spare() is started[0]

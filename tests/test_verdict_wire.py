@@ -55,6 +55,7 @@ FULL: dict[str, Any] = {
     "scaled": {"factor": 0.1, "sizes": {"batch_size": [4096, 409]}},
     "roofline": {"bound": "memory", "fraction": 0.61, "achieved_gbs": 12.1, "bytes": 33554432},
     "compile_baseline": {"speedup": 1.1, "low": 1.0, "high": 1.2, "compile_s": 31.5},
+    "builds": {"candidate": "reused", "incumbent": "kept"},
 }
 # The `htam eval --json` document's keys (README): the fields, the two interval parts as one
 JSON_KEYS = set(FULL) - {"within_run_half_width"}

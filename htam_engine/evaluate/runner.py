@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import machine, roofline, stats, triton_backend
-from htam_engine.evaluate import cache, excerpt, protocol, sandbox, standby
+from htam_engine.evaluate import builds, cache, excerpt, protocol, sandbox, standby
 from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
 from htam_engine.evaluate.process import Child, Stop
 from htam_engine.evaluate.sandbox import sandbox_mode
@@ -230,21 +230,53 @@ def run_candidate(
     if baseline == COMPILED:
         ahead["baseline"] = COMPILED  # the reference worker compiles and warms its model
     with standby.judge_for(ahead, task.reference_source) as started:
-        _write_job(started, task, source, incumbent, decide)
+        boxes = _write_job(started, task, source, incumbent, decide)
         started.judge.send(protocol.JOB)
+        passed: list[str] = []
+
+        def phase(name: str) -> None:
+            if name == "verify":  # compiled: both workers loaded, and stopped till called
+                for box in boxes.values():
+                    box.stage()
+            passed.append(name)  # "time": verified correct
+            on_phase(name)
+
         try:
-            _phases(started.judge, task, verdict, limits, cancel, on_phase, decide)
+            _phases(started.judge, task, verdict, limits, cancel, phase, decide)
         except Stop as stop:
             _error(verdict, stop, source)
         if baseline == COMPILED:
             _compile_seconds(verdict, started.jobdir / "reference" / "compiled.json")
         work = roofline.read_work(started.jobdir / "work.json")  # the judge counted it
+    _keep_builds(verdict, boxes, verified="time" in passed)
     # implausibly faster than PyTorch; a duel's ratio is over the best so far (48x over a
     # naive loop nest is no cheat): there only the candidate's own verdict and light judge
     verdict.suspect = incumbent is None and (verdict.speedup or 0.0) > SUSPECT_SPEEDUP
     # against this machine's limits (the judge and its workers are gone: nothing runs beside)
     roofline.for_verdict(task.reference_source, verdict, incumbent is None, work)
     return verdict
+
+
+def start_ahead(task: Task, device: str = "auto", limits: Limits | None = None) -> None:
+    """Start now the judge the next evaluation of `task` on `device` takes (`standby`,
+    with `keep_warm` on): its workers, input sets and expected outputs."""
+    resolved = machine.resolve_device(device, task.backend)
+    standby.prefill(_ahead(task, resolved, limits or Limits()), task.reference_source)
+
+
+def _keep_builds(verdict: Verdict, boxes: dict[str, builds.Box], verified: bool) -> None:
+    """Keep the builds of a candidate (and incumbent) `verified` correct (whatever its
+    timing said); record which side reused its own earlier build (`builds`), and forget
+    one that failed for the candidate's own reasons (its next evaluation compiles afresh)."""
+    for role, box in boxes.items():
+        if box.reused:
+            verdict.builds[role] = "reused"
+            if not verified and verdict.error_kind not in _UNCACHED:
+                box.forget()
+        elif verified and box.keep():
+            verdict.builds[role] = "kept"
+        else:
+            box.drop()
 
 
 def _compile_seconds(verdict: Verdict, path: Path) -> None:
@@ -358,28 +390,35 @@ def _write_job(
     source: str,
     incumbent: str | None = None,
     decide: float | None = None,
-) -> None:
+) -> dict[str, builds.Box]:
     """The judge's job (outside any box) and each worker's box: the candidate's holds
     its file, the reference's the reference (or, comparing, the incumbent's file);
-    neither holds seeds or inputs."""
+    neither holds seeds or inputs. A box holding code is seeded with that code's own
+    earlier build, if kept (`builds`, under bwrap); its build box by role."""
     name = display_name(task)
     worker_job = {key: started.job[key] for key in _WORKER_KEYS}
     if _BASELINE_KEY in started.job:
         worker_job[_BASELINE_KEY] = started.job[_BASELINE_KEY]
     candidate_job = {**worker_job, "candidate_file": f"candidate/{name}"}
+    boxes = {}
     for role, code in (("candidate", source), ("reference", incumbent)):
         if code is not None:
+            siblings = sandbox.named_siblings(task.impl_path, code)
             (started.jobdir / role / "candidate").mkdir()
             (started.jobdir / role / "candidate" / name).write_text(code)
-            sandbox.place_siblings(
-                sandbox.named_siblings(task.impl_path, code), started.jobdir / role / "candidate"
-            )
+            sandbox.place_siblings(siblings, started.jobdir / role / "candidate")
             (started.jobdir / role / "job.json").write_text(json.dumps(candidate_job))
+            if builds.enabled():
+                key = builds.key(name, code, siblings, started.job["device"])
+                box = builds.Box(started.jobdir / role / builds.FOLDER, key)
+                box.seed()
+                boxes["candidate" if role == "candidate" else "incumbent"] = box
     if incumbent is None:
         (started.jobdir / "reference" / "reference.py").write_text(task.reference_source)
         (started.jobdir / "reference" / "job.json").write_text(json.dumps(worker_job))
     job = {**started.job, "compare": incumbent is not None, "decide": decide}
     (started.jobdir / "job.json").write_text(json.dumps(job))
+    return boxes
 
 
 def timing_threads() -> int:

@@ -128,6 +128,12 @@ def keep_warm(on: bool) -> None:
         _SPARE.release()
 
 
+def prefill(ahead: dict[str, Any], reference: str) -> None:
+    """Start the spare for the job `ahead` now, before any evaluation asked for one
+    (`keep_warm` must be on)."""
+    _SPARE.refill(ahead, reference)
+
+
 @contextlib.contextmanager
 def judge_for(ahead: dict[str, Any], reference: str) -> Iterator[Started]:
     """A started judge for one job (the spare when it fits), finished afterwards; a new

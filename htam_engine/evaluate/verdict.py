@@ -141,6 +141,10 @@ class Verdict:
     # reference (`baseline.versus_compile`): speedup, bounds, the compiled reference's
     # time and compile seconds, or the error that left only eager's number.
     compile_baseline: dict[str, Any] = field(default_factory=dict)
+    # Which side's build came from its own earlier, identical content ("reused") or was
+    # kept for the next evaluation of it ("kept"), by side (`candidate`, `incumbent`):
+    # `evaluate.builds`, under bwrap only.
+    builds: dict[str, str] = field(default_factory=dict)
 
     @property
     def error_kind(self) -> ErrorKind | None:
@@ -153,10 +157,10 @@ class Verdict:
 
     def summary(self) -> Verdict:
         """The verdict without its raw measurements (samples, spread, checks, load, phase
-        times, library calls): what the editor's history keeps of each step."""
+        times, library calls, builds): what the editor's history keeps of each step."""
         return replace(
             self, samples={}, spread={}, checks=[], phase_seconds={}, load={},
-            allow_torch=[], torch_ops=[], scaled={},
+            allow_torch=[], torch_ops=[], scaled={}, builds={},
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
