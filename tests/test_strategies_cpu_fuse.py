@@ -64,10 +64,9 @@ def _applies(rid: str, name: str) -> bool:
 
 
 def test_the_rewrites_apply_where_they_should() -> None:
-    for name in ("47_Sum_reduction_over_a_dimension", "40_LayerNorm", "24_LogSoftmax"):
-        assert _applies("cpu.multi_accumulator", name), name
-    for name in ("19_ReLU", "22_Tanh", "26_GELU_"):
-        assert not _applies("cpu.multi_accumulator", name), name
+    assert _applies("cpu.multi_accumulator", "47_Sum_reduction_over_a_dimension")  # strided
+    for name in ("40_LayerNorm", "24_LogSoftmax", "19_ReLU", "22_Tanh", "26_GELU_"):
+        assert not _applies("cpu.multi_accumulator", name), name  # unit stride: simd's
     assert _applies("cpu.online_softmax", "24_LogSoftmax")
     assert _applies("cpu.fuse_moments", "40_LayerNorm")
     assert not _applies("cpu.online_softmax", "40_LayerNorm")
@@ -105,6 +104,7 @@ def _kernel(body: str) -> str:
         ("#pragma omp simd reduction(+:s)\nfor (long i = 0; i < n; ++i) { s += x[i]; }", "simd"),
         ("for (long i = 0; i < n; ++i) { o[i] = x[i]; }", "reduces no outer scalar"),
         ("for (long i = 0; i <= n; ++i) { s += x[i]; }", "plain `<`"),
+        ("for (long i = 0; i < n; ++i) { s += x[i] * scale[i]; }", "omp simd reduction"),
     ],
 )
 def test_multi_accumulator_refuses(body: str, reason: str) -> None:
@@ -123,11 +123,15 @@ def _compile(source: str, tmp_path: Path) -> None:
 
 
 def test_multi_accumulator_splits_sums_and_maxima(tmp_path: Path) -> None:
-    body = "for (long i = 1; i < n; ++i) {\n    s += x[i] * x[i];\n    m = fmaxf(m, x[i]);\n}"
+    body = (
+        "for (long i = 1; i < n; ++i) {\n    s += x[i * r] * x[i * r];\n"
+        "    m = fmaxf(m, x[i * r]);\n}"
+    )
     out = REGISTRY["cpu.multi_accumulator"].apply(_kernel(body))
     assert "float m_1 = m, m_2 = m, m_3 = m;" in out and "float s_1 = 0.0f" in out
     assert "long i = 1;\n    for (; i + 3 < n; i += 4) {" in out
-    assert "s_3 += x[(i + 3)] * x[(i + 3)];" in out and "s = (s + s_1) + (s_2 + s_3);" in out
+    assert "s_3 += x[(i + 3) * r] * x[(i + 3) * r];" in out
+    assert "s = (s + s_1) + (s_2 + s_3);" in out
     assert "for (; i < n; ++i)" in out  # the remainder
     _compile(out, tmp_path)
 

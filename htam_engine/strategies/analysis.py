@@ -345,3 +345,17 @@ def substitute(node: Node, names: dict[str, str], swap: tuple[Node, str] | None 
         at = n.end_byte
     pieces.append(source[at - start :].decode())
     return "".join(pieces)
+
+
+def unit_stride(index: Node, var: str) -> bool:
+    """True when `var` enters `index` with coefficient one (`k * N + j`, not `j * K + k`)."""
+    for n in walk(index):
+        if n.type == "identifier" and text(n) == var:
+            parent = n.parent
+            while parent is not None and parent != index.parent:
+                if parent.type == "binary_expression" and text(
+                    parent.child_by_field_name("operator")
+                ) not in ("+", "-"):
+                    return False
+                parent = parent.parent
+    return True

@@ -69,6 +69,16 @@ def _combine(op: str, name: str, lanes: list[str]) -> list[str]:
     return [f"{name} = ({lane} {compare} {name}) ? {lane} : {name};" for lane in lanes]
 
 
+def _unit_stride_only(body: Node, var: str) -> bool:
+    """True when every subscript in `body` that uses `var` steps by one element."""
+    subscripts = [
+        n.child_by_field_name("indices")
+        for n in walk(body)
+        if n.type == "subscript_expression" and analysis.mentions(n, {var})
+    ]
+    return all(index is not None and analysis.unit_stride(index, var) for index in subscripts)
+
+
 def _split_plan(code: bytes, node: Node, types: dict[str, str], taken: set[str]) -> Edit | str:
     pragma = cxx_source.loop_pragma(node)
     if "simd" in pragma:
@@ -91,6 +101,11 @@ def _split_plan(code: bytes, node: Node, types: dict[str, str], taken: set[str])
         return f"{wrong[0]!r} is not a float or double (the compiler reorders integer sums)"
     body = node.child_by_field_name("body")
     assert body is not None
+    if _unit_stride_only(body, loop.var):
+        return (
+            "every access walks the loop with stride one: an omp simd reduction (vector "
+            "math) vectorizes it, where split accumulators would keep it scalar"
+        )
     pad, var, start, bound = indent_of(code, node), loop.var, text(loop.start), text(loop.bound)
     lanes = {n: [_fresh(f"{n}_{k}", taken) for k in range(1, LANES)] for n in sorted(reductions)}
     lines = ["{"]

@@ -30,7 +30,7 @@ from tree_sitter import Node
 
 from htam_engine.parsing import cxx_source, embedded_sources, text, walk
 from htam_engine.strategies import analysis
-from htam_engine.strategies.analysis import substitute
+from htam_engine.strategies.analysis import substitute, unit_stride
 from htam_engine.strategies.base import (
     LOW_OPT,
     Edit,
@@ -150,20 +150,6 @@ def _j_operand(nest: Nest) -> Node | None:
         if n.type == "subscript_expression" and analysis.mentions(n, {nest.j.var})
     ]
     return found[0] if len(found) == 1 else None
-
-
-def _unit_in(index: Node, var: str) -> bool:
-    """True when `var` enters `index` with coefficient one (`k * N + j`, not `j * K + k`)."""
-    for n in walk(index):
-        if n.type == "identifier" and text(n) == var:
-            parent = n.parent
-            while parent is not None and parent != index.parent:
-                if parent.type == "binary_expression" and text(
-                    parent.child_by_field_name("operator")
-                ) not in ("+", "-"):
-                    return False
-                parent = parent.parent
-    return True
 
 
 def _header(loop: analysis.Loop) -> str:
@@ -341,9 +327,9 @@ def _nest_edit(code: bytes, node: Node) -> Edit | str:
     if index is None:
         return "no single operand indexed by j"
     pad = indent_of(code, node)
-    if _unit_in(index, nest.j.var):
+    if unit_stride(index, nest.j.var):
         return (node.start_byte, node.end_byte, _ikj(nest, pad))
-    if nest.init is not None and _unit_in(index, nest.k.var):
+    if nest.init is not None and unit_stride(index, nest.k.var):
         return (node.start_byte, node.end_byte, _blocked(nest, pad))
     return "the j operand is contiguous in neither j nor k"
 
@@ -359,9 +345,9 @@ def _tile_edit(code: bytes, node: Node) -> Edit | str:
     if operand is None or index is None:
         return "no single operand indexed by j"
     pad = indent_of(code, node)
-    if _unit_in(index, nest.j.var):
+    if unit_stride(index, nest.j.var):
         return (node.start_byte, node.end_byte, _register_tile(nest, pad))
-    if _unit_in(index, nest.k.var):  # an (N, K) weight: packed into (K, N) first
+    if unit_stride(index, nest.k.var):  # an (N, K) weight: packed into (K, N) first
         return (node.start_byte, node.end_byte, _register_tile(nest, pad, operand))
     return "the j operand is contiguous in neither j nor k"
 
