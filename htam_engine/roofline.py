@@ -250,19 +250,35 @@ def _child(argv: list[str], stdin: str, timeout: float) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the task's work
 def task_work(reference_source: str) -> Work:
-    """The minimal work of the reference (kept under the HTAM home by its content)."""
-    digest = hashlib.sha256(reference_source.encode()).hexdigest()[:24]
-    kept = subdir("work") / f"{digest}.json"
-    try:
-        return Work(**json.loads(kept.read_text()))
-    except (OSError, ValueError, TypeError):
-        pass
+    """The minimal work of the reference: the count kept for it (a judge's, `keep_work`),
+    else one on meta tensors in a child, kept."""
+    if (kept := kept_work(reference_source)) is not None:
+        return kept
     try:
         work = Work(**_child(["work"], reference_source, WORK_TIMEOUT_S))
     except (RuntimeError, TypeError) as error:
         return Work(0, 0, 0, 0, why=str(error))
-    kept.write_text(json.dumps(asdict(work)))
+    keep_work(reference_source, work)
     return work
+
+
+def _work_path(reference_source: str) -> Path:
+    digest = hashlib.sha256(reference_source.encode()).hexdigest()[:24]
+    return subdir("work") / f"{digest}.json"
+
+
+def kept_work(reference_source: str) -> Work | None:
+    """The work kept for this reference (under the HTAM home, by its content)."""
+    return read_work(_work_path(reference_source))
+
+
+def keep_work(reference_source: str, work: Work) -> None:
+    """Keep `work` for this reference: a judge counts a reference once (about a second
+    of its start: `FlopCounterMode`'s first use)."""
+    path = _work_path(reference_source)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(asdict(work)))
+    temporary.replace(path)
 
 
 # ---------------------------------------------------------------- a verdict's place

@@ -110,3 +110,42 @@ def test_a_judge_started_ahead_for_a_task_serves_its_first_evaluation(
     assert verdict.correct, verdict.error
     assert not ahead.jobdir.exists() and len(started) == 1, "the spare served it"
     assert _spare() is started[0]
+
+
+def test_the_next_judge_starts_beside_compile_and_is_idle_before_the_timing(warm: None) -> None:
+    """The spare for the next evaluation starts as soon as this one has its judge; the
+    timing begins only once that spare is prepared (its workers started, waiting)."""
+    task = load_task(FIXTURES / "correct.py")
+    assert task.impl_source is not None
+    seen: dict[str, standby.Started | None] = {}
+
+    def on_phase(phase: str) -> None:
+        seen[phase] = standby._SPARE.started
+
+    verdict = evaluate(
+        task, task.impl_source, device="cpu", limits=QUICK, use_cache=False, on_phase=on_phase
+    )
+    assert verdict.correct and verdict.speedup, verdict.error
+    spare = seen["verify"]
+    assert spare is not None, "started before verification"
+    assert seen["time"] is spare and spare.prepared, "prepared before the timing"
+    assert _spare() is spare, "the spare the next evaluation takes"
+
+
+def test_a_spare_that_is_not_prepared_in_time_is_killed_not_timed_beside(
+    warm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(standby, "PREPARE_LIMIT_S", 0.0)
+    killed: list[standby.Started] = []
+    finish = standby.Started.finish
+
+    def recorded(self: standby.Started) -> None:
+        killed.append(self)
+        finish(self)
+
+    monkeypatch.setattr(standby.Started, "finish", recorded)
+    verdict = run("correct.py")
+    assert verdict.correct and verdict.speedup, verdict.error
+    spare = killed[0]  # the spare went before the evaluation's own judge
+    assert not spare.prepared and spare.judge.popen.poll() is not None
+    assert not spare.jobdir.exists() and _spare() is not spare

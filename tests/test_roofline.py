@@ -217,11 +217,17 @@ def test_a_torch_compile_that_fails_says_so_and_keeps_eager_s_number(
     _kept(_limits())
     task = with_policy(load_task(FIXTURES / "softmax_torch.py"), allow_torch="softmax,_softmax")
     monkeypatch.setenv("CXX", "/nonexistent/g++")
+    children: list[list[str]] = []
+    child = roofline._child
+    monkeypatch.setattr(
+        roofline, "_child", lambda argv, *a: children.append(argv) or child(argv, *a)
+    )
     verdict = evaluate(task, task.impl_source or "", device="cpu", limits=QUICK, baseline="compile")
     assert verdict.error is None, verdict.error
     assert verdict.correct and verdict.speedup and verdict.interval is not None
     assert verdict.roofline["bytes"] == 2 * 256 * 1024 * 4 and "fraction" in verdict.roofline
-    assert not list(subdir("work").glob("*.json"))  # the judge counted it: no child ran
+    assert children == [], "the judge counted the work: no child ran"
+    assert roofline.kept_work(task.reference_source) is not None, "kept: the next judge skips it"
     error = verdict.compile_baseline.get("error", "")
     assert error and "speedup" not in verdict.compile_baseline
     assert format_compile(verdict).startswith("n/a (torch.compile failed: ")

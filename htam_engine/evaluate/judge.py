@@ -382,7 +382,6 @@ class Judge:
              for xs, seed in zip(self.sets, self.seeds, strict=True)]
             if self.model64 is not None else None
         )  # fmt: skip
-        roofline.write_work(self.jobdir / "work.json", model, self.sets[0], self.device)
         self.out_items = [common.layout(out)[0] for out in self.expected]
         sizes = (
             max(common.layout(inputs)[1] for inputs in self.sets),
@@ -401,6 +400,19 @@ class Judge:
             return None
         return exact
 
+    def stand_by(self) -> None:
+        """Wait until both workers have started, then say the judge is `Prepared`. No
+        candidate exists yet: a worker that fails to start is this side's failure."""
+        for side in self.sides.values():
+            try:
+                side.child.wait_for(
+                    common.STARTED, self.job["compile_s"], "its start", threading.Event()
+                )
+            except Stop as stop:
+                message = f"the {side.role} worker did not start: {stop.message}"[:600]
+                raise Stop("evaluator_error", message, stop.log) from None
+        self.emit(protocol.Prepared())
+
     def take(self, job: dict[str, Any]) -> None:
         """The caller's job for the candidate now in the boxes: it must be the one this
         judge prepared for."""
@@ -416,6 +428,8 @@ class Judge:
     def load(self) -> None:
         for side in self.sides.values():
             side.child.send(json.dumps({"cmd": "load", "threads": self.job["threads"]}))
+        if self.job.get("count_work"):  # while they load: a second on its first use
+            roofline.write_work(self.jobdir / "work.json", self.model, self.sets[0], self.device)
         for side in self.sides.values():
             self._expect(side, "loaded", self.job["compile_s"], "compile")
             freeze(side.child)  # from now on a worker runs only while it is called
@@ -828,6 +842,7 @@ def main(jobdir: Path) -> None:
         with _reference_code("preparing the inputs"):
             judge = Judge(jobdir, standby, token, sides)
             judge.prepare()
+        judge.stand_by()
         if sys.stdin.readline().strip() != protocol.JOB:
             raise SystemExit(0)
         judge.take(json.loads((jobdir / "job.json").read_text()))

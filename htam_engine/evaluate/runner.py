@@ -247,7 +247,8 @@ def run_candidate(
             _error(verdict, stop, source)
         if baseline == COMPILED:
             _compile_seconds(verdict, started.jobdir / "reference" / "compiled.json")
-        work = roofline.read_work(started.jobdir / "work.json")  # the judge counted it
+        if work := roofline.read_work(started.jobdir / "work.json"):  # the judge counted it
+            roofline.keep_work(task.reference_source, work)
     _keep_builds(verdict, boxes, verified="time" in passed)
     # implausibly faster than PyTorch; a duel's ratio is over the best so far (48x over a
     # naive loop nest is no cheat): there only the candidate's own verdict and light judge
@@ -417,6 +418,7 @@ def _write_job(
         (started.jobdir / "reference" / "reference.py").write_text(task.reference_source)
         (started.jobdir / "reference" / "job.json").write_text(json.dumps(worker_job))
     job = {**started.job, "compare": incumbent is not None, "decide": decide}
+    job["count_work"] = roofline.kept_work(task.reference_source) is None
     (started.jobdir / "job.json").write_text(json.dumps(job))
     return boxes
 
@@ -509,6 +511,7 @@ def _phases(
     if note := triton_backend.timing_note(task.backend, verdict.device):
         verdict.note = note  # interpreter times say nothing about the kernel
         return
+    standby.quiet(cancel)  # the next judge, started beside compile and verify, now idle
     on_phase("time")
     judge.send(protocol.TIME)
     answer(protocol.Timing, LOCK_WAIT_S, "the wait for the timing lock")

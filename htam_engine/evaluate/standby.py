@@ -6,7 +6,9 @@ tenths more: most of what a candidate costs besides its own compile and timing. 
 it depends on the task, never on the candidate, so a process that evaluates one
 candidate after another (the loop, a sweep) can keep one spare started in the
 background (`keep_warm`): the next evaluation of the same task and limits takes it, and
-a new spare is started once that evaluation is over (never while it is timed). A spare
+a new spare starts as soon as an evaluation has taken its judge, beside its compile and
+verification; its timing waits until the spare is `Prepared` (`quiet`), so nothing of
+ours runs beside a timing. A spare
 has seen no candidate: its workers wait, having imported nothing of any task, the judge
 made its inputs before the code that meets them existed, and every judge serves one job
 and is killed with its folder, so isolation is what it is without the spare.
@@ -31,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import machine
-from htam_engine.evaluate.process import Child, python_module
+from htam_engine.evaluate import protocol
+from htam_engine.evaluate.process import Child, Stop, python_module
 from htam_engine.paths import subdir
 
 ROLES = ("reference", "candidate")
 _BOX_FOLDERS = ("tmp", "build", "cache", "torch_extensions")
+PREPARE_LIMIT_S = 120.0  # a spare not prepared by then is killed rather than waited for
 
 
 @dataclass
@@ -50,6 +54,16 @@ class Started:
     reference: str
     job: dict[str, Any]
     owner: int  # the folder's lock, held while the judge lives
+    prepared: bool = False  # the judge said `Prepared`
+
+    def wait_prepared(self, cancel: threading.Event) -> bool:
+        """Whether the judge is `Prepared` (waiting up to `PREPARE_LIMIT_S` for it)."""
+        if not self.prepared:
+            with contextlib.suppress(Stop):  # it died, or took too long
+                event = protocol.Prepared.EVENT
+                self.judge.wait_for(event, PREPARE_LIMIT_S, "its preparation", cancel)
+                self.prepared = True
+        return self.prepared
 
     def fits(self, ahead: dict[str, Any], reference: str) -> bool:
         alive = self.judge.popen.poll() is None
@@ -109,6 +123,17 @@ class _Spare:
                 return
             self.started = start(ahead, reference)
 
+    def quiet(self, cancel: threading.Event) -> None:
+        """Return once the spare (if any) is `Prepared`, killing it if it never is; the
+        lock is held throughout, so no evaluation takes it meanwhile (its events are
+        read here)."""
+        with self.lock:
+            spare = self.started
+            if spare is None or spare.wait_prepared(cancel):
+                return
+            self.started = None
+        spare.finish()
+
     def release(self) -> None:
         with self.lock:
             spare, self.started = self.started, None
@@ -134,11 +159,18 @@ def prefill(ahead: dict[str, Any], reference: str) -> None:
     _SPARE.refill(ahead, reference)
 
 
+def quiet(cancel: threading.Event) -> None:
+    """Before a timing: wait until the spare has started (it then uses no CPU)."""
+    _SPARE.quiet(cancel)
+
+
 @contextlib.contextmanager
 def judge_for(ahead: dict[str, Any], reference: str) -> Iterator[Started]:
-    """A started judge for one job (the spare when it fits), finished afterwards; a new
-    spare is started after it when `keep_warm` is on."""
+    """A started judge for one job (the spare when it fits), finished afterwards; with
+    `keep_warm` on, the next spare starts at once (the timing waits for it: `quiet`),
+    or after the job if it could not."""
     started = _SPARE.take(ahead, reference)
+    _SPARE.refill(ahead, reference)
     try:
         yield started
     finally:
