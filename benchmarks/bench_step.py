@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_step.py [--baseline DIR] [--steps 2]
         [--examples softmax,gelu,...] [--conditions idle,loaded] [--out FILE.json]
+        [--evals N]
 
 Runs `htam optimize EXAMPLE/cpu_naive.py --provider offline --events` (mechanical
 rewrites only: no model in the way) for each CPU example, idle and beside a neighbour
@@ -12,12 +13,15 @@ arrival times, so any checkout that writes phase events is measured the same way
 seconds per phase (a phase lasts until the next event), per step (its first phase to
 its step event), the start (step 0) and the closing duel (after the last step), and the
 time from the command's start to its first event. Printed as Markdown tables: medians
-over the examples, per checkout and condition, and the ratio after/before.
+over the examples, per checkout and condition, and the ratio after/before. With `--evals
+N`, instead: N one-shot `htam eval`s per example of a candidate never built before, in a
+home whose machine limits are measured (wall time and the verdict's phases).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -41,12 +45,17 @@ def _spin(seconds: float) -> None:
         pass
 
 
+def _env(checkout: Path, home: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(checkout)
+    env["HTAM_HOME"] = home  # never the user's data
+    return env
+
+
 def run_loop(checkout: Path, example: str, steps: int) -> dict[str, Any]:
     """One offline run of `checkout`'s engine on `example`: every event with the second
     it arrived (from the command's start)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(checkout)
-    env["HTAM_HOME"] = tempfile.mkdtemp(prefix="htam-bench-step-")  # not the user's data
+    env = _env(checkout, tempfile.mkdtemp(prefix="htam-bench-step-"))
     task = ROOT / "examples" / example / "cpu_naive.py"
     command = [sys.executable, "-m", "htam_engine.cli", "optimize", str(task), "--events"]
     command += ["--provider", "offline", "--device", "cpu", "--steps", str(steps)]
@@ -70,6 +79,48 @@ def run_loop(checkout: Path, example: str, steps: int) -> dict[str, Any]:
     wall_s = time.monotonic() - start
     error = log.read_text()[-600:] if process.returncode else ""
     return {"wall_s": wall_s, "events": seen, "rc": process.returncode, "error": error}
+
+
+def run_eval(checkout: Path, example: str, home: str, run: int) -> dict[str, Any]:
+    """One `htam eval` of a candidate never built before (the example's start with a
+    comment of its own: no build to reuse, no cached verdict) in `home`, where the
+    machine's limits are already measured: its wall time and the verdict's phases."""
+    folder = ROOT / "examples" / example
+    candidate = Path(home) / f"{example}_{run}.py"
+    candidate.write_text((folder / "cpu_naive.py").read_text() + f"\n# one-shot run {run}\n")
+    command = [sys.executable, "-m", "htam_engine.cli", "eval", str(folder / "reference.py")]
+    command += [str(candidate), "--device", "cpu", "--json", "--no-cache"]
+    start = time.monotonic()
+    done = subprocess.run(command, cwd=checkout, env=_env(checkout, home), capture_output=True)
+    wall_s = time.monotonic() - start
+    try:
+        verdict = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        verdict = {"error": done.stderr.decode()[-600:]}
+    phases = verdict.get("phase_seconds", {})
+    return {"example": example, "wall_s": wall_s, **phases, "error": verdict.get("error")}
+
+
+def evals(checkouts: dict[str, Path], examples: list[str], count: int, condition: str) -> None:
+    """`count` one-shot evaluations per example and checkout, alternating; printed as the
+    medians of wall time and phases."""
+    homes = {name: tempfile.mkdtemp(prefix="htam-bench-eval-") for name in checkouts}
+    for name, checkout in checkouts.items():  # the machine's limits, measured once
+        run_eval(checkout, examples[0], homes[name], -1)
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in checkouts}
+    for run in range(count):
+        for example in examples:
+            for name, checkout in checkouts.items():
+                measure = functools.partial(run_eval, checkout, example, homes[name], run)
+                row = loaded(measure) if condition == "loaded" else measure()
+                rows[name].append(row)
+                print(f"eval, {name}, {condition}: {json.dumps(row)}", file=sys.stderr)
+    columns = ("wall_s", "compile", "verify", "time")
+    print(f"\none-shot `htam eval`, {condition}, medians of {count} x {len(examples)}:")
+    print("| checkout | " + " | ".join(columns) + " |\n| --- |" + " ---: |" * len(columns))
+    for name, found in rows.items():
+        cells = [statistics.median(r.get(c, 0.0) for r in found) for c in columns]
+        print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in cells) + " |")
 
 
 def breakdown(run: dict[str, Any]) -> dict[str, Any]:
@@ -154,11 +205,16 @@ def main() -> None:
     parser.add_argument("--examples", default=",".join(EXAMPLES))
     parser.add_argument("--conditions", default="idle,loaded")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--evals", type=int, default=0, help="one-shot evals per example")
     args = parser.parse_args()
     checkouts = {"this checkout": ROOT}
     if args.baseline:
         checkouts = {f"baseline ({args.baseline.name})": args.baseline.resolve(), **checkouts}
     conditions = args.conditions.split(",")
+    if args.evals:
+        for condition in conditions:
+            evals(checkouts, args.examples.split(","), args.evals, condition)
+        return
     runs: dict[str, list[dict[str, Any]]] = {}
     for example in args.examples.split(","):  # alternate: drift hits every checkout alike
         for condition in conditions:
