@@ -4,6 +4,8 @@ another reference) is not used."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 
 from htam_engine.evaluate import evaluate, runner, standby
+from htam_engine.evaluate.process import Child
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.paths import subdir
 from htam_engine.task import load_task, with_policy, with_start
@@ -112,40 +115,46 @@ def test_a_judge_started_ahead_for_a_task_serves_its_first_evaluation(
     assert _spare() is started[0]
 
 
-def test_the_next_judge_starts_beside_compile_and_is_idle_before_the_timing(warm: None) -> None:
-    """The spare for the next evaluation starts as soon as this one has its judge; the
-    timing begins only once that spare is prepared (its workers started, waiting)."""
+def test_the_next_judge_starts_beside_compile_and_is_stopped_while_timed(
+    warm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spare for the next evaluation starts as soon as this one has its judge; every
+    process of it is stopped until this timing ends, and goes on afterwards."""
     task = load_task(FIXTURES / "correct.py")
     assert task.impl_source is not None
     seen: dict[str, standby.Started | None] = {}
+    states: list[list[str]] = []
+    thaw = standby.thaw
 
     def on_phase(phase: str) -> None:
         seen[phase] = standby._SPARE.started
 
+    def thawed(child: Child) -> None:  # the timing is over: how was the spare?
+        states.append([_state(pid) for pid in child.frozen])
+        thaw(child)
+
+    monkeypatch.setattr(standby, "thaw", thawed)
     verdict = evaluate(
         task, task.impl_source, device="cpu", limits=QUICK, use_cache=False, on_phase=on_phase
     )
     assert verdict.correct and verdict.speedup, verdict.error
     spare = seen["verify"]
-    assert spare is not None, "started before verification"
-    assert seen["time"] is spare and spare.prepared, "prepared before the timing"
-    assert _spare() is spare, "the spare the next evaluation takes"
+    assert spare is not None and seen["time"] is spare, "started before verification"
+    assert len(states) == 1 and "T" in states[0], states
+    assert set(states[0]) <= {"T", "Z", "gone"}, "stopped (or exited, as a bwrap's setup)"
+    assert _spare() is spare and _state(spare.judge.popen.pid) != "T", "it goes on"
 
 
-def test_a_spare_that_is_not_prepared_in_time_is_killed_not_timed_beside(
-    warm: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(standby, "PREPARE_LIMIT_S", 0.0)
-    killed: list[standby.Started] = []
-    finish = standby.Started.finish
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
-    def recorded(self: standby.Started) -> None:
-        killed.append(self)
-        finish(self)
 
-    monkeypatch.setattr(standby.Started, "finish", recorded)
-    verdict = run("correct.py")
-    assert verdict.correct and verdict.speedup, verdict.error
-    spare = killed[0]  # the spare went before the evaluation's own judge
-    assert not spare.prepared and spare.judge.popen.poll() is not None
-    assert not spare.jobdir.exists() and _spare() is not spare
+def test_the_judge_starts_its_workers_before_it_imports_torch() -> None:
+    """Three torch imports (the judge's and both workers') run at once, not the
+    workers' after the judge's: its entry module imports no torch."""
+    code = "import sys, htam_engine.evaluate.judge; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr

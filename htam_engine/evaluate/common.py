@@ -25,7 +25,6 @@ _OOM = re.compile(
 )
 _CUDA = re.compile(r"CUDA error|CUDA kernel errors|cudaError|illegal memory access", re.I)
 _ALIGN = 64
-STARTED = "started"  # a worker's first line: imported and waiting for its job
 _ENTRY_SIGNATURE = r"((?:torch::Tensor|at::Tensor|std::vector<torch::Tensor>)\s+{name}\s*\([^)]*\))"
 
 

@@ -1,8 +1,8 @@
 """What the judge and its caller (`runner`) say to each other: typed both ways.
 
 The caller writes lines to the judge's stdin: its token first, then one command per
-phase (`JOB`, `VERIFY`, `TIME`). The judge says `Prepared` once it stands by (before any
-job) and answers each phase on stdout with one message below, a JSON object a line: the
+phase (`JOB`, `VERIFY`, `TIME`). The judge answers each phase on stdout with one message
+below, a JSON object a line: the
 message's fields plus `"event": <its EVENT>` and the caller's token (which
 `process.Child` checks and strips, stamping the line with its own clock as `_t`). A judge
 that stops says so with `Failed`, which `Child.wait_for` raises as a `Stop`. `encode` and
@@ -26,14 +26,6 @@ TIME = "time"
 
 class ProtocolError(ValueError):
     """A line of the judge that is not the message it should be."""
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Inputs and expected outputs made, both workers started and waiting: from here on a
-    judge standing by uses no CPU until its job comes."""
-
-    EVENT: ClassVar[str] = "prepared"
 
 
 @dataclass(frozen=True)
@@ -86,8 +78,8 @@ class Failed:
     line: int | None = None
 
 
-Message = Prepared | Compiled | Verified | Timing | Timed | Failed
-M = TypeVar("M", Prepared, Compiled, Verified, Timing, Timed, Failed)
+Message = Compiled | Verified | Timing | Timed | Failed
+M = TypeVar("M", Compiled, Verified, Timing, Timed, Failed)
 _CHECKED = {"checks"}  # fields that are lists of `Check`
 # how a decoded field of each annotated type is checked (annotations are strings here)
 _AS: dict[str, Any] = {

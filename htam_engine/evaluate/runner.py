@@ -511,16 +511,16 @@ def _phases(
     if note := triton_backend.timing_note(task.backend, verdict.device):
         verdict.note = note  # interpreter times say nothing about the kernel
         return
-    standby.quiet(cancel)  # the next judge, started beside compile and verify, now idle
     on_phase("time")
-    judge.send(protocol.TIME)
-    answer(protocol.Timing, LOCK_WAIT_S, "the wait for the timing lock")
-    load_before = os.getloadavg()[0]
-    start = time.monotonic()
-    try:
-        timed = answer(protocol.Timed, limits.time_s, "time")
-    finally:
-        _timed(verdict, "time", start)  # how long it held the timing lock, even if it failed
+    with standby.quiet():  # the next judge, started beside compile and verify, stopped
+        judge.send(protocol.TIME)
+        answer(protocol.Timing, LOCK_WAIT_S, "the wait for the timing lock")
+        load_before = os.getloadavg()[0]
+        start = time.monotonic()
+        try:
+            timed = answer(protocol.Timed, limits.time_s, "time")
+        finally:
+            _timed(verdict, "time", start)  # how long it held the lock, even if it failed
     verdict.threads = timed.threads
     _raise_failed(_judged(verdict, task, timed.checks), task.allow_torch)
     _record_timing(verdict, timed.ref, timed.cand)

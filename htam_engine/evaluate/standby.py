@@ -7,8 +7,8 @@ it depends on the task, never on the candidate, so a process that evaluates one
 candidate after another (the loop, a sweep) can keep one spare started in the
 background (`keep_warm`): the next evaluation of the same task and limits takes it, and
 a new spare starts as soon as an evaluation has taken its judge, beside its compile and
-verification; its timing waits until the spare is `Prepared` (`quiet`), so nothing of
-ours runs beside a timing. A spare
+verification, and is stopped while that evaluation is timed (`quiet`): nothing of ours
+runs beside a timing, and the spare goes on afterwards. A spare
 has seen no candidate: its workers wait, having imported nothing of any task, the judge
 made its inputs before the code that meets them existed, and every judge serves one job
 and is killed with its folder, so isolation is what it is without the spare.
@@ -32,14 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from htam_engine import machine
-from htam_engine.evaluate import protocol
-from htam_engine.evaluate.process import Child, Stop, python_module
+from htam_engine import machine, procs
+from htam_engine.evaluate.process import Child, freeze, python_module, signal_all, thaw
 from htam_engine.paths import subdir
 
 ROLES = ("reference", "candidate")
 _BOX_FOLDERS = ("tmp", "build", "cache", "torch_extensions")
-PREPARE_LIMIT_S = 120.0  # a spare not prepared by then is killed rather than waited for
 
 
 @dataclass
@@ -54,16 +52,6 @@ class Started:
     reference: str
     job: dict[str, Any]
     owner: int  # the folder's lock, held while the judge lives
-    prepared: bool = False  # the judge said `Prepared`
-
-    def wait_prepared(self, cancel: threading.Event) -> bool:
-        """Whether the judge is `Prepared` (waiting up to `PREPARE_LIMIT_S` for it)."""
-        if not self.prepared:
-            with contextlib.suppress(Stop):  # it died, or took too long
-                event = protocol.Prepared.EVENT
-                self.judge.wait_for(event, PREPARE_LIMIT_S, "its preparation", cancel)
-                self.prepared = True
-        return self.prepared
 
     def fits(self, ahead: dict[str, Any], reference: str) -> bool:
         alive = self.judge.popen.poll() is None
@@ -123,16 +111,18 @@ class _Spare:
                 return
             self.started = start(ahead, reference)
 
-    def quiet(self, cancel: threading.Event) -> None:
-        """Return once the spare (if any) is `Prepared`, killing it if it never is; the
-        lock is held throughout, so no evaluation takes it meanwhile (its events are
-        read here)."""
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """The spare's judge and workers stopped for the duration (it may be starting)."""
         with self.lock:
             spare = self.started
-            if spare is None or spare.wait_prepared(cancel):
-                return
-            self.started = None
-        spare.finish()
+            if spare is not None:
+                freeze(spare.judge)
+        try:
+            yield
+        finally:
+            if spare is not None:
+                thaw(spare.judge)  # killed meanwhile: no process left to signal
 
     def release(self) -> None:
         with self.lock:
@@ -159,16 +149,16 @@ def prefill(ahead: dict[str, Any], reference: str) -> None:
     _SPARE.refill(ahead, reference)
 
 
-def quiet(cancel: threading.Event) -> None:
-    """Before a timing: wait until the spare has started (it then uses no CPU)."""
-    _SPARE.quiet(cancel)
+def quiet() -> contextlib.AbstractContextManager[None]:
+    """Around a timing: the spare, stopped."""
+    return _SPARE.quiet()
 
 
 @contextlib.contextmanager
 def judge_for(ahead: dict[str, Any], reference: str) -> Iterator[Started]:
     """A started judge for one job (the spare when it fits), finished afterwards; with
-    `keep_warm` on, the next spare starts at once (the timing waits for it: `quiet`),
-    or after the job if it could not."""
+    `keep_warm` on, the next spare starts at once (stopped while this job is timed:
+    `quiet`), or after the job if it could not."""
     started = _SPARE.take(ahead, reference)
     _SPARE.refill(ahead, reference)
     try:
@@ -194,11 +184,14 @@ def _stale(folder: Path) -> bool:
 
 
 def clean_stale_jobs() -> int:
-    """Remove the job folders of evaluations that died; the number removed."""
+    """Remove the job folders of evaluations that died, and kill what still runs for
+    them (a spare stopped during a timing when its caller was killed never saw its
+    death signal); the number removed."""
     removed = 0
     for folder in subdir("jobs").iterdir():
         with contextlib.suppress(OSError):
             if folder.is_dir() and _stale(folder):
+                signal_all(procs.naming(str(folder)), signal.SIGKILL)
                 shutil.rmtree(folder, ignore_errors=True)
                 removed += 1
     return removed

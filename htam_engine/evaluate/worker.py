@@ -374,8 +374,6 @@ def main(box: Path, role: str) -> None:
     os.dup2(log, 2)
     sys.addaudithook(_audit)
     threading.setprofile(_library_probe)
-    events.write(json.dumps({"event": common.STARTED}) + "\n")  # imported, waiting: it stands by
-    events.flush()
     if json.loads(sys.stdin.readline() or "{}").get("cmd") != "job":  # started before its job
         os._exit(0)
     harness = Harness(box, role, events)

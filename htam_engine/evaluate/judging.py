@@ -1,0 +1,692 @@
+"""The judge's side of an evaluation, imported by `judge.main` once both workers are
+starting (torch: its import then runs beside theirs): the reference, inputs and expected
+outputs, the calls, verification and timing. See `judge` for what the judge is trusted
+to do and how.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from htam_engine import roofline, stats
+from htam_engine.evaluate import accounting, common, protocol, sandbox, tasks
+from htam_engine.evaluate.judge import ROLES, Side, timing_lock
+from htam_engine.evaluate.process import (
+    Stop,
+    freeze,
+    pin,
+    quietest_core,
+    thaw,
+)
+from htam_engine.evaluate.verdict import Check
+
+Outputs = list[torch.Tensor]
+LATE_CHECK_S = 0.1  # how long after `done` a verified output is read again
+WARMUP = 2
+MIN_TRIALS = 10
+JUDGED_SHARE = 0.3  # of the timed calls, besides the last
+TIMING_BUDGET_S = 6.0  # past MIN_TRIALS, timing stops here even if not yet converged
+# ... and goes on at least this long, so that an interval never rests on one short, lucky
+# stretch of the machine's state (a second of 10 pairs at 30 ms saw one state)
+MIN_TIMING_S = 1.0
+CHECK_EVERY = 5  # trials between two looks at the interval (a bootstrap costs ~10 ms)
+STOP_RESAMPLES = 500
+CALL_LIMIT_FACTOR = 500.0  # a timed call may take this many times the reference's (naive
+# kernels run 100x slower than torch), ...
+CALL_LIMIT_FLOOR_S = 2.0  # ... or this long, whichever is more
+PRECISION_FACTOR = 16.0
+PRECISION_SHARE = 0.3  # of the judged timed calls, besides the last, checked in float64 too
+PRECISION_SAMPLES = 3  # ... at most (the float64 reference is slow: a GEMM, 1 thread)
+_rng = secrets.SystemRandom()
+
+
+def _as_list(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, tuple | list) else [out]
+
+
+def _double(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.double()
+    return value
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+
+
+def close(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
+    """Within KernelBench's per-dtype tolerance (atol = rtol), and why not. The check
+    runs in the outputs' own dtype (fast: timed outputs are judged too); the message
+    is worked out only for a failure."""
+    tol = common.tolerance(ref.dtype)
+    if out.is_floating_point():
+        ok = (out - ref).abs_() <= ref.abs().mul_(tol).add_(tol)  # NaN is never within
+    else:
+        ok = out == ref
+    if bool(ok.all()):
+        return True, ""
+    a, b = out.double(), ref.double()
+    diff = (a - b).abs().nan_to_num(float("inf"))
+    worst = int(diff.argmax())
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), out.shape))
+    return False, (
+        f"{int((~ok).sum())}/{ok.numel()} values off by more than atol=rtol={tol:g}; "
+        f"worst at {where}: got {a.flatten()[worst].item():.6g}, "
+        f"expected {b.flatten()[worst].item():.6g}"
+    )
+
+
+def relative_error(out: torch.Tensor, exact: torch.Tensor) -> float:
+    """The relative L2 error of `out` against the float64 `exact`."""
+    exact = exact.double()
+    scale = float(torch.linalg.vector_norm(exact)) or 1.0
+    return float(torch.linalg.vector_norm(torch.sub(out, exact))) / scale
+
+
+class Checks:
+    """Named checks; the first failure of each name (with its call) is kept."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.failures: dict[str, str] = {}
+
+    def fail(self, name: str, where: str, detail: str) -> None:
+        self.failures.setdefault(name, f"{where}: {detail}")
+
+    def as_list(self) -> list[dict[str, Any]]:
+        return [
+            common.check(name, name not in self.failures, self.failures.get(name, ""))
+            for name in self.names
+        ]
+
+
+_VERIFY_CHECKS = (
+    "output.inputs_unchanged",
+    "output.shape",
+    "output.dtype",
+    "output.finite",
+    "output.fresh",
+    "output.synchronous",
+    "output.values",
+    "precision.float64",
+)
+_TIMING_CHECKS = (
+    "timing.outputs",
+    "timing.call_count",
+    "timing.inputs_unchanged",
+    "timing.threads",
+    "timing.precision",
+)
+
+
+_MARKS = ("staged", "done", "stored")
+# the kinds a candidate's failure may have (its own error report, its death, its time):
+# it cannot report a `reference_error` or `evaluator_error` to go unjudged
+_WORKER_FAILURES = frozenset(
+    {"compile_error", "runtime_error", "oom", "cuda_error", "crash", "timeout", "cancelled"}
+    | {"cheating"}
+)
+_FLOOR_MS = 1e-6
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call: the wall time by this process's clock from letting the worker go to its
+    `stored` mark arriving, the part of it neighbours held the CPU (`accounting`), and
+    (believed for the reference only) the time between its `staged` and `done` marks by
+    the worker's own clock."""
+
+    wall_ms: float
+    marked_ms: float
+    mismatch: str
+    stolen_ms: float = 0.0
+    accounted: bool = False  # the kernel's books said what neighbours took
+
+    @property
+    def own_ms(self) -> float:
+        return self.wall_ms - self.stolen_ms
+
+
+def samples(
+    calls: dict[str, list[Call]], trusted_marks: bool = True
+) -> tuple[list[float], list[float], float]:
+    """Milliseconds per timed call (warm-up dropped), each call's time less what
+    neighbours took (the share of its wall time they held, `own_ms / wall_ms`).
+
+    The reference is charged its marked kernel time so scaled; the harness's share of a
+    call (staging, copying the outputs out, waking up) is the median over the reference's
+    calls of the rest, and the candidate is charged its own time less that share: work
+    it defers past `done` is still counted. When the reference side's marks are not to
+    be believed (it holds another candidate) both are charged their own time."""
+    reference = calls["reference"][WARMUP:]
+    if not (reference and trusted_marks):
+        share, kernel = 0.0, [c.own_ms for c in reference]
+    else:
+        kernel = [c.marked_ms * c.own_ms / c.wall_ms for c in reference]
+        share = statistics.median(c.own_ms - k for c, k in zip(reference, kernel, strict=True))
+    return (
+        [max(k, _FLOOR_MS) for k in kernel],
+        [max(c.own_ms - share, _FLOOR_MS) for c in calls["candidate"][WARMUP:]],
+        share,
+    )
+
+
+def accounting_summary(calls: dict[str, list[Call]]) -> dict[str, float]:
+    """What the neighbours took, for the verdict's conditions."""
+    timed = [c for role in ROLES for c in calls[role][WARMUP:]]
+    if not timed:
+        return {}
+    return {
+        "stolen_ms": sum(c.stolen_ms for c in timed),
+        "stolen_share": sum(c.stolen_ms for c in timed) / max(sum(c.wall_ms for c in timed), 1e-9),
+        "accounted_share": sum(c.accounted for c in timed) / len(timed),
+    }
+
+
+def _stamp(mark: dict[str, Any]) -> float:
+    """The worker's own clock in a mark (perf_counter is system-wide on Linux)."""
+    value = mark.get("t")
+    return float(value) if isinstance(value, int | float) else float("nan")
+
+
+class Judge:
+    def __init__(
+        self, jobdir: Path, job: dict[str, Any], token: str, sides: dict[str, Side]
+    ) -> None:
+        self.jobdir = jobdir
+        self.job = job
+        self.token = token
+        self.device = torch.device(job["device"])
+        self.reference = common.import_file("htam_reference", jobdir / "reference.py")
+        self.sides = sides
+        self.verify = Checks(_VERIFY_CHECKS)
+        self.timing = Checks(_TIMING_CHECKS)
+        self.accounting: dict[str, float] = {}
+        self.observed: dict[str, int] = {}  # the most tasks and cores a call was seen using
+        self.precise = 0  # timed calls checked against float64
+        self.compare = False
+
+    # the caller's channel -------------------------------------------------------------
+    def emit(self, message: protocol.Message) -> None:
+        print(json.dumps({**protocol.encode(message), "token": self.token}), flush=True)
+
+    def wait_caller(self, command: str) -> None:
+        if sys.stdin.readline().strip() != command:
+            raise SystemExit(0)
+
+    # set-up ---------------------------------------------------------------------------
+    def _model(self, init: list[Any]) -> torch.nn.Module:
+        torch.manual_seed(self.job["init_seed"])
+        model: torch.nn.Module = self.reference.Model(*init)
+        return model.to(self.device)
+
+    def _make_inputs(self, alt: bool = False) -> list[Any]:
+        torch.manual_seed(_rng.randrange(2**63))
+        make = self.reference.get_inputs_alt if alt else self.reference.get_inputs
+        return list(make())
+
+    def _run_model(self, model: torch.nn.Module, inputs: list[Any], seed: int) -> Outputs:
+        moved = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        torch.manual_seed(seed)  # the seed the workers get for these inputs: a forward
+        # that draws random numbers (an LSTM's initial state) draws the same ones
+        with torch.no_grad():
+            return [o.detach().cpu() for o in _as_list(model(*moved))]
+
+    def prepare(self) -> None:
+        """Make the input sets and the expected outputs, and the workers' init arguments
+        and buffers: all before the candidate is known (`standby`)."""
+        torch.set_num_threads(self.job["threads"])
+        torch.manual_seed(self.job["init_seed"])
+        init = list(self.reference.get_init_inputs())
+        model = self.model = self._model(init)
+        count = self.job["input_sets"]
+        has_alt = hasattr(self.reference, "get_inputs_alt")
+        self.sets = [self._make_inputs(has_alt and i == count - 1) for i in range(count)]
+        self.seeds = [_rng.randrange(2**63) for _ in self.sets]
+        self.expected = [
+            self._run_model(model, inputs, seed)
+            for inputs, seed in zip(self.sets, self.seeds, strict=True)
+        ]
+        self.model64 = self._float64(model)
+        self.exact = (
+            [self._run_model(self.model64, [_double(x) for x in xs], seed)
+             for xs, seed in zip(self.sets, self.seeds, strict=True)]
+            if self.model64 is not None else None
+        )  # fmt: skip
+        self.out_items = [common.layout(out)[0] for out in self.expected]
+        sizes = (
+            max(common.layout(inputs)[1] for inputs in self.sets),
+            max(common.layout(out)[1] for out in self.expected),
+        )
+        for side in self.sides.values():
+            torch.save(init, side.box / "init.pt")
+            side.make_buffers(sizes)
+
+    def _float64(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        """The reference in float64 (None when it cannot run so)."""
+        try:
+            exact = copy.deepcopy(model).double()
+            self._run_model(exact, [_double(x) for x in self.sets[0]], self.seeds[0])
+        except Exception:  # a reference that only works in its own dtype
+            return None
+        return exact
+
+    def take(self, job: dict[str, Any]) -> None:
+        """The caller's job for the candidate now in the boxes: it must be the one this
+        judge prepared for."""
+        if any(job.get(key) != value for key, value in self.job.items()):
+            raise Stop("runtime_error", "the job does not match the judge started for it")
+        self.job = job
+        # Comparing two candidates: the reference side holds the incumbent (untrusted,
+        # already verified), and timed outputs are judged against the reference itself.
+        self.compare = bool(job.get("compare"))
+        for side in self.sides.values():
+            side.child.send(json.dumps({"cmd": "job"}))  # each reads its box's job
+
+    def load(self) -> None:
+        for side in self.sides.values():
+            side.child.send(json.dumps({"cmd": "load", "threads": self.job["threads"]}))
+        if self.job.get("count_work"):  # while they load: a second on its first use
+            roofline.write_work(self.jobdir / "work.json", self.model, self.sets[0], self.device)
+        for side in self.sides.values():
+            self._expect(side, "loaded", self.job["compile_s"], "compile")
+            freeze(side.child)  # from now on a worker runs only while it is called
+
+    # one call -------------------------------------------------------------------------
+    def _expect(self, side: Side, wanted: str, limit_s: float, phase: str) -> dict[str, Any]:
+        """The worker's next event, which must be `wanted`: an extra or forged line is a
+        failed call count, a worker error ends the evaluation."""
+
+        def unasked(event: dict[str, Any]) -> None:
+            what = str(event.get("event"))[:40]
+            self.timing.fail("timing.call_count", side.role, f"an unasked {what!r} report")
+
+        try:
+            event = side.child.wait_for(wanted, limit_s, phase, threading.Event(), unasked)
+        except Stop as stop:
+            if side.role == "candidate" and stop.kind not in _WORKER_FAILURES:
+                message = f"protocol.messages: the {side.role} reported a {stop.kind!r} failure"
+                raise Stop("cheating", message[:300]) from None
+            if side.role == "reference" and self.compare:  # not the reference's fault
+                raise Stop(
+                    "runtime_error", f"the incumbent failed: {stop.message}", stop.log
+                ) from None
+            if side.role == "reference" and stop.kind not in ("timeout", "cheating"):
+                message = f"the reference failed: {stop.message}"
+                raise Stop("reference_error", message, stop.log) from None
+            raise
+        return event
+
+    def call(
+        self,
+        side: Side,
+        inputs: list[Any],
+        out_items: list[dict],
+        limit_s: float,
+        seed: int,
+        phase: str = "time",
+        policed: bool = False,
+    ) -> Call:
+        """Run one call on `side` (seeded with `seed` before its forward), timed by this
+        process's clock; the side is left stopped, its outputs in its `out.bin`. A
+        `policed` call (timed, past warm-up, on a CPU) is held to the thread and core
+        policy."""
+        items, _ = common.layout(inputs)
+        for item, value in zip(items, inputs, strict=True):
+            if isinstance(value, torch.Tensor):
+                common.write_item(side.infile, item, value)
+        canary = _rng.randint(1, 3)
+        side.canaries += canary
+        command = {
+            "cmd": "call",
+            "k": side.calls,
+            "inputs": items,
+            "in_size": side.in_size,
+            "out": out_items,
+            "out_size": side.out_size,
+            "seed": seed,
+            "canary": canary,
+        }
+        side.tracked()
+        members = list(side.child.frozen)
+        cpu = self.device.type == "cpu"  # on a GPU the device's time counts, and the
+        # driver's own threads are no policy's business
+        tasks_before = tasks.snapshot(members) if cpu and policed else None
+        before = side.books(members) if cpu else None
+        start = time.perf_counter()  # the inputs are in place; the worker is stopped
+        thaw(side.child)
+        side.child.send(json.dumps(command))
+        marks = [self._expect(side, mark, limit_s, f"a {phase} call") for mark in _MARKS]
+        # read before `freeze`: a stop waits for a CPU as well, after the call
+        after = side.books(members) if before else None
+        wall_s = time.perf_counter() - start
+        seen = tasks.snapshot(side.child.members()) if tasks_before else None
+        freeze(side.child)
+        side.tracked()
+        if tasks_before and seen:
+            ran = tasks.observe(tasks_before, seen, side.core, wall_s, side.sandbox(members))
+            self._policy(side, ran)
+        if any(mark.get("k") != side.calls for mark in marks):
+            self.timing.fail("timing.call_count", side.role, f"call {side.calls} mismatched")
+        side.calls += 1
+        mismatch = str(marks[-1].get("mismatch") or "")
+        if mismatch and side.role == "reference":
+            raise Stop("reference_error", f"the reference returned {mismatch}"[:600])
+        staged, done = (_stamp(mark) for mark in marks[:2])
+        wall_ms = (float(marks[-1]["_t"]) - start) * 1e3
+        stolen = accounting.stolen_ms(before, after)
+        marked_ms = (done - staged) * 1e3
+        if stolen is None:
+            return Call(wall_ms, marked_ms, mismatch)
+        return Call(wall_ms, marked_ms, mismatch, min(stolen, wall_ms), accounted=True)
+
+    def _policy(self, side: Side, ran: tasks.Observed) -> None:
+        """The thread and core policy, seen from outside: no more tasks ran during the
+        call than the policy's threads, on no core but the one it was pinned to."""
+        if side.role == "reference" and not self.compare:
+            return
+        self.observed["threads"] = max(self.observed.get("threads", 0), ran.running)
+        self.observed["cores"] = max(self.observed.get("cores", 0), len(ran.cores))
+        where = f"{side.role} call {side.calls}"
+        allowed = int(self.job["threads"])
+        if ran.running > allowed:
+            self.timing.fail(
+                "timing.threads",
+                where,
+                f"{ran.running} tasks ran (policy: {allowed}): {', '.join(ran.names)}",
+            )
+        if ran.parallel:
+            self.timing.fail("timing.threads", where, "ran on more than one core at once")
+        if ran.widened and side.core is not None:
+            self.timing.fail("timing.threads", where, f"affinity widened to cores {ran.cores}")
+            pin(side.child, side.core)  # pinned again: the reference is not slowed by it
+
+    def outputs(self, side: Side, out_items: list[dict]) -> Outputs:
+        return _read(side, side.outfile, out_items)
+
+    def inputs_after(self, side: Side, inputs: list[Any]) -> list[Any]:
+        items, _ = common.layout(inputs)
+        tensors = iter(_read(side, side.infile, [item for item in items if "offset" in item]))
+        return [
+            next(tensors) if "offset" in item else value
+            for item, value in zip(items, inputs, strict=True)
+        ]
+
+    # verification ---------------------------------------------------------------------
+    def verify_all(self) -> None:
+        side = self.sides["candidate"]
+        for index, inputs in enumerate(self.sets):
+            limit = self.job["verify_s"]
+            made = self.call(
+                side, inputs, self.out_items[index], limit, self.seeds[index], "verify"
+            )
+            if made.mismatch:
+                self.verify.fail("output.shape", f"input set {index + 1}", made.mismatch)
+                continue
+            got = self.outputs(side, self.out_items[index])
+            after = self.inputs_after(side, inputs)
+            # The worker runs on while its copies are judged: a result still being written
+            # after `done` (a side stream, a thread) is read again once LATE_CHECK_S passed.
+            thaw(side.child)
+            late_at = time.monotonic() + LATE_CHECK_S
+            wrong = self._judge_set(index, got, after)
+            time.sleep(max(0.0, late_at - time.monotonic()))
+            side.child.send(json.dumps({"cmd": "late", "out": self.out_items[index],
+                                        "out_size": side.out_size}))  # fmt: skip
+            self._expect(side, "late", limit, "verify")
+            freeze(side.child)
+            if wrong:
+                self._late(index, wrong, self.outputs(side, self.out_items[index]))
+
+    def _judge_set(self, index: int, got: Outputs, after: list[Any]) -> list[int]:
+        """Judge input set `index`'s outputs `got` and inputs `after` the call; the
+        numbers of the outputs that were wrong."""
+        where = f"input set {index + 1}"
+        for number, (before, now) in enumerate(zip(self.sets[index], after, strict=True)):
+            if isinstance(before, torch.Tensor) and not _same(before, now):
+                self.verify.fail("output.inputs_unchanged", where, f"input {number} was modified")
+        wrong = []
+        for number, (out, ref) in enumerate(zip(got, self.expected[index], strict=True)):
+            ok, detail = close(out, ref)  # a NaN or Inf output is never close
+            if not ok:
+                wrong.append(number)
+                if out.is_floating_point() and not bool(torch.isfinite(out).all()):
+                    bad = int((~torch.isfinite(out)).sum())
+                    self.verify.fail(
+                        "output.finite", where, f"output {number}: {bad} NaN/Inf values"
+                    )
+                else:
+                    self._wrong(index, out, detail)
+            elif self.exact is not None:
+                detail = _imprecise(out, ref, self.exact[index][number])
+                if detail:
+                    self.verify.fail("precision.float64", where, detail)
+        return wrong
+
+    def _wrong(self, index: int, out: torch.Tensor, detail: str) -> None:
+        where = f"input set {index + 1}"
+        stale = [
+            j
+            for j, other in enumerate(self.expected)
+            if j != index and other[0].shape == out.shape and close(out, other[0])[0]
+        ]
+        if stale:
+            self.verify.fail(
+                "output.fresh", where, f"returned the answer for input set {stale[0] + 1}"
+            )
+        self.verify.fail("output.values", where, detail)
+
+    def _late(self, index: int, wrong: list[int], late: Outputs) -> None:
+        """Outputs `wrong` at `done` but right when read again: completed afterwards."""
+        if any(close(late[number], self.expected[index][number])[0] for number in wrong):
+            self.verify.fail(
+                "output.synchronous",
+                f"input set {index + 1}",
+                "the result was completed after forward returned (side stream or thread)",
+            )
+
+    def report(self) -> list[dict[str, Any]]:
+        """The worker's runtime checks, and `runtime.torch_ops` decided here from its raw
+        op record, which must hold every canary op this side asked for."""
+        side = self.sides["candidate"]
+        thaw(side.child)
+        side.child.send(json.dumps({"cmd": "report"}))
+        event = self._expect(side, "report", 30, "report")
+        freeze(side.child)
+        worker = event.get("checks")
+        ops = event.get("ops")
+        if not isinstance(worker, list) or not isinstance(ops, dict):
+            raise Stop("cheating", "protocol.messages: a malformed report")
+        if not all(_well_formed(check) for check in worker):
+            raise Stop("cheating", "protocol.messages: a malformed check in the report")
+        checks = [check for check in worker if check["name"] != "runtime.torch_ops"]
+        counts = {str(op): n for op, n in ops.items() if isinstance(n, int)}
+        compute, missing = common.torch_compute(counts, side.canaries)
+        return [
+            common.check("runtime.torch_ops", not compute, "torch computes: " + ", ".join(compute)),
+            common.check("runtime.recorder", not missing, missing),
+            *checks,
+        ]
+
+    # timing ---------------------------------------------------------------------------
+    def time_all(self) -> tuple[list[float], list[float], float]:
+        """Reference and candidate calls on the same fresh inputs, alternating which goes
+        first; a call may take `CALL_LIMIT_FACTOR` times the reference's median (so a
+        hanging candidate holds the timing lock seconds, not the phase limit)."""
+        calls: dict[str, list[Call]] = {role: [] for role in ROLES}
+        if self.device.type == "cpu":  # one core for both: a neighbour slows both alike
+            core = quietest_core()
+            for side in self.sides.values():
+                side.core = core
+                pin(side.child, core)
+        started = time.monotonic()
+        budget = started + min(TIMING_BUDGET_S, self.job["time_s"] * 0.8)
+        items = self.out_items[0]
+        for k in range(WARMUP + self.job["max_trials"]):
+            final = self._enough(calls, k, started, budget)
+            inputs, seed = self._make_inputs(), _rng.randrange(2**63)
+            judged = final or _rng.random() < JUDGED_SHARE
+            got: dict[str, Outputs] = {}
+            for role in ROLES if k % 2 == 0 else ROLES[::-1]:
+                made = self.call(
+                    self.sides[role], inputs, items, self._limit(calls), seed, policed=k >= WARMUP
+                )
+                if made.mismatch:
+                    self.timing.fail("timing.outputs", f"timed call {k + 1}", made.mismatch)
+                    judged = False
+                calls[role].append(made)
+                if judged:
+                    got[role] = self.outputs(self.sides[role], items)
+            if judged:
+                if self.compare:  # the incumbent's outputs are no standard
+                    got["reference"] = self._run_model(self.model, inputs, seed)
+                self._judge_timed(k, inputs, got)
+                sampled = self.precise < PRECISION_SAMPLES and _rng.random() < PRECISION_SHARE
+                if final or sampled:
+                    self.precise += 1
+                    self._judge_precision(k, inputs, seed, got)
+            if final:
+                break
+        self.accounting = {
+            **accounting_summary(calls),
+            **{f"{name}_seen": float(count) for name, count in self.observed.items()},
+        }
+        return samples(calls, trusted_marks=not self.compare)
+
+    def _limit(self, calls: dict[str, list[Call]]) -> float:
+        if not calls["reference"]:
+            return float(self.job["time_s"])
+        median_s = statistics.median(c.wall_ms for c in calls["reference"]) / 1e3
+        return max(CALL_LIMIT_FLOOR_S, CALL_LIMIT_FACTOR * median_s)
+
+    def _enough(self, calls: dict[str, list[Call]], k: int, started: float, budget: float) -> bool:
+        """Whether call `k` is the last: past the minimum of trials and of time, the
+        paired speedup's 95 % interval is narrow enough (`job["target_half_width"]`) or
+        the time budget is spent; or the trial cap is reached."""
+        if k + 1 >= WARMUP + self.job["max_trials"]:
+            return True
+        done = min(len(c) for c in calls.values()) - WARMUP
+        if done < MIN_TRIALS or time.monotonic() - started < MIN_TIMING_S:
+            return False
+        if time.monotonic() > budget:
+            return True
+        if done % CHECK_EVERY:
+            return False
+        reference, candidate, _ = samples(calls, trusted_marks=not self.compare)
+        interval = stats.paired_speedup(reference, candidate, resamples=STOP_RESAMPLES)
+        return stats.job_settled(interval, self.job)  # narrow, or the question decided
+
+    def _judge_timed(self, k: int, inputs: list[Any], got: dict[str, Outputs]) -> None:
+        where = f"timed call {k + 1}"
+        after = self.inputs_after(self.sides["candidate"], inputs)
+        if any(
+            isinstance(a, torch.Tensor) and not _same(a, b)
+            for a, b in zip(inputs, after, strict=True)
+        ):
+            self.timing.fail("timing.inputs_unchanged", where, "an input was modified")
+        for out, ref in zip(got["candidate"], got["reference"], strict=True):
+            ok, detail = close(out, ref)
+            if not ok:
+                self.timing.fail(
+                    "timing.outputs", where, f"a timed output is wrong ({detail})"[:400]
+                )
+
+    def _judge_precision(
+        self, k: int, inputs: list[Any], seed: int, got: dict[str, Outputs]
+    ) -> None:
+        """A timed call's outputs as exact against a float64 reference as the verified
+        ones had to be: a candidate cannot be exact while verified and cheaper after."""
+        if self.model64 is None:
+            return
+        exact = self._run_model(self.model64, [_double(x) for x in inputs], seed)
+        for out, ref, best in zip(got["candidate"], got["reference"], exact, strict=True):
+            detail = _imprecise(out, ref, best)
+            if detail:
+                self.timing.fail("timing.precision", f"timed call {k + 1}", detail)
+
+    # the whole evaluation -------------------------------------------------------------
+    def run(self) -> None:
+        self.load()
+        self.emit(protocol.Compiled(sandbox.sandbox_mode()))
+        self.wait_caller(protocol.VERIFY)
+        self.verify_all()
+        runtime = self.report()
+        count = [c for c in self.timing.as_list() if c["name"] == "timing.call_count"]
+        checks = self.verify.as_list() + runtime + count
+        self.emit(protocol.Verified(_checks(checks), len(self.sets)))
+        self.wait_caller(protocol.TIME)
+        with timing_lock(self.device.type):
+            self.emit(protocol.Timing())
+            reference, candidate, share = self.time_all()
+        for side in self.sides.values():
+            self._leftovers(side)
+        checks = self.timing.as_list() + self.report()
+        self.emit(
+            protocol.Timed(
+                ref=reference,
+                cand=candidate,
+                harness_ms=share,
+                checks=_checks(checks),
+                threads=max(int(self.job["threads"]), self.observed.get("threads", 0)),
+                accounting=self.accounting,
+            )
+        )
+
+    def _leftovers(self, side: Side) -> None:
+        """A line the worker wrote that no call asked for is a forged report."""
+        extra = side.child.pending()
+        if extra:
+            self.timing.fail("timing.call_count", side.role, f"{len(extra)} unasked reports")
+
+
+def _imprecise(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor) -> str:
+    """Why `out` is less exact against the float64 `exact` than its dtype's work ever
+    needs to be (and than the reference `ref` in that dtype, by `PRECISION_FACTOR`): an
+    answer within tolerance but computed at lower precision (fp32 work in half, fp64
+    work in fp32); '' when it is not."""
+    floor = common.precision_floor(ref.dtype)
+    if floor is None or not out.is_floating_point():
+        return ""
+    error, ref_error = relative_error(out, exact), relative_error(ref, exact)
+    if error <= max(floor, PRECISION_FACTOR * ref_error):
+        return ""
+    return (
+        f"relative error {error:.2e} against a float64 reference, the {ref.dtype} "
+        f"reference's is {ref_error:.2e} (lower-precision arithmetic?)"
+    )
+
+
+def _well_formed(check: Any) -> bool:
+    return (
+        isinstance(check, dict)
+        and isinstance(check.get("name"), str)
+        and isinstance(check.get("passed"), bool)
+        and isinstance(check.get("detail", ""), str)
+    )
+
+
+def _checks(raw: list[dict[str, Any]]) -> list[Check]:
+    return [Check.from_json(check) for check in raw]
+
+
+def _read(side: Side, descriptor: int, items: list[dict[str, Any]]) -> Outputs:
+    """The tensors `items` from one of `side`'s buffer files, copied: a file the worker
+    truncated is its doing (`output.buffer`), never this process's fault."""
+    found = []
+    for item in items:
+        value = common.read_item(descriptor, item)
+        if value is None:
+            raise Stop("cheating", f"output.buffer: the {side.role} truncated its buffers")
+        found.append(value)
+    return found
