@@ -67,9 +67,9 @@ def test_a_spare_for_another_job_is_not_used(warm: None, change: str) -> None:
         ahead = {**ahead, "memory_mb": ahead["memory_mb"] // 2}
     else:
         reference += "\n# another reference\n"
-    taken = standby._SPARE.take(ahead, reference)
+    taken, spared = standby._SPARE.take(ahead, reference)
     try:
-        assert taken.jobdir != spare.jobdir
+        assert taken.jobdir != spare.jobdir and not spared
         assert (taken.ahead, taken.reference) == (ahead, reference)
         assert (taken.jobdir / "reference.py").read_text() == reference
         assert spare.judge.popen.poll() is not None and not spare.jobdir.exists()
@@ -118,8 +118,9 @@ def test_a_judge_started_ahead_for_a_task_serves_its_first_evaluation(
 def test_the_next_judge_starts_beside_compile_and_is_stopped_while_timed(
     warm: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The spare for the next evaluation starts as soon as this one has its judge; every
-    process of it is stopped until this timing ends, and goes on afterwards."""
+    """The spare for the next evaluation starts as soon as this one has taken its own
+    spare; every process of it is stopped until this timing ends, and goes on afterwards."""
+    run("correct.py")  # started cold: the next spare started only after it
     task = load_task(FIXTURES / "correct.py")
     assert task.impl_source is not None
     seen: dict[str, standby.Started | None] = {}

@@ -96,14 +96,15 @@ class _Spare:
         self.warm = False
         self.started: Started | None = None
 
-    def take(self, ahead: dict[str, Any], reference: str) -> Started:
+    def take(self, ahead: dict[str, Any], reference: str) -> tuple[Started, bool]:
+        """A judge for this job, and whether it is the spare (else it is starting now)."""
         with self.lock:
             spare, self.started = self.started, None
         if spare is not None and spare.fits(ahead, reference):
-            return spare
+            return spare, True
         if spare is not None:
             spare.finish()
-        return start(ahead, reference)
+        return start(ahead, reference), False
 
     def refill(self, ahead: dict[str, Any], reference: str) -> None:
         with self.lock:
@@ -156,11 +157,13 @@ def quiet() -> contextlib.AbstractContextManager[None]:
 
 @contextlib.contextmanager
 def judge_for(ahead: dict[str, Any], reference: str) -> Iterator[Started]:
-    """A started judge for one job (the spare when it fits), finished afterwards; with
-    `keep_warm` on, the next spare starts at once (stopped while this job is timed:
-    `quiet`), or after the job if it could not."""
-    started = _SPARE.take(ahead, reference)
-    _SPARE.refill(ahead, reference)
+    """A started judge for one job (the spare when it fits), finished afterwards. With
+    `keep_warm` on, the next spare starts at once when this job took one (beside its
+    compile and verification, stopped while it is timed: `quiet`), else after the job
+    (two judges starting at once on a small machine would delay this one's verdict)."""
+    started, spared = _SPARE.take(ahead, reference)
+    if spared:
+        _SPARE.refill(ahead, reference)
     try:
         yield started
     finally:
