@@ -122,8 +122,8 @@ def test_stale_job_folders_are_removed_and_live_ones_kept(htam_home):
 
 
 def test_what_still_runs_for_a_stale_job_is_killed_even_stopped(htam_home):
-    """A spare judge stopped during a timing whose caller was killed never handles its
-    death signal: the next evaluation's clean-up kills it."""
+    """A process of a dead evaluation that never acted on its death signal (stopped, or
+    ignoring it) is killed by the next evaluation's clean-up."""
     stale = htam_home / "jobs" / "eval-dead"
     stale.mkdir(parents=True)
     (stale / ".owner").touch()

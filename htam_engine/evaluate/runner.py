@@ -512,15 +512,14 @@ def _phases(
         verdict.note = note  # interpreter times say nothing about the kernel
         return
     on_phase("time")
-    with standby.quiet():  # the next judge, started beside compile and verify, stopped
-        judge.send(protocol.TIME)
-        answer(protocol.Timing, LOCK_WAIT_S, "the wait for the timing lock")
-        load_before = os.getloadavg()[0]
-        start = time.monotonic()
-        try:
-            timed = answer(protocol.Timed, limits.time_s, "time")
-        finally:
-            _timed(verdict, "time", start)  # how long it held the lock, even if it failed
+    judge.send(protocol.TIME)
+    answer(protocol.Timing, LOCK_WAIT_S, "the wait for the timing lock")
+    load_before = os.getloadavg()[0]
+    start = time.monotonic()
+    try:
+        timed = answer(protocol.Timed, limits.time_s, "time")
+    finally:
+        _timed(verdict, "time", start)  # how long it held the timing lock, even if it failed
     verdict.threads = timed.threads
     _raise_failed(_judged(verdict, task, timed.checks), task.allow_torch)
     _record_timing(verdict, timed.ref, timed.cand)

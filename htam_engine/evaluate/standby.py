@@ -6,9 +6,7 @@ tenths more: most of what a candidate costs besides its own compile and timing. 
 it depends on the task, never on the candidate, so a process that evaluates one
 candidate after another (the loop, a sweep) can keep one spare started in the
 background (`keep_warm`): the next evaluation of the same task and limits takes it, and
-a new spare starts as soon as an evaluation has taken its judge, beside its compile and
-verification, and is stopped while that evaluation is timed (`quiet`): nothing of ours
-runs beside a timing, and the spare goes on afterwards. A spare
+a new spare is started once that evaluation is over (never while it is timed). A spare
 has seen no candidate: its workers wait, having imported nothing of any task, the judge
 made its inputs before the code that meets them existed, and every judge serves one job
 and is killed with its folder, so isolation is what it is without the spare.
@@ -33,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import machine, procs
-from htam_engine.evaluate.process import Child, freeze, python_module, signal_all, thaw
+from htam_engine.evaluate.process import Child, python_module, signal_all
 from htam_engine.paths import subdir
 
 ROLES = ("reference", "candidate")
@@ -96,34 +94,20 @@ class _Spare:
         self.warm = False
         self.started: Started | None = None
 
-    def take(self, ahead: dict[str, Any], reference: str) -> tuple[Started, bool]:
-        """A judge for this job, and whether it is the spare (else it is starting now)."""
+    def take(self, ahead: dict[str, Any], reference: str) -> Started:
         with self.lock:
             spare, self.started = self.started, None
         if spare is not None and spare.fits(ahead, reference):
-            return spare, True
+            return spare
         if spare is not None:
             spare.finish()
-        return start(ahead, reference), False
+        return start(ahead, reference)
 
     def refill(self, ahead: dict[str, Any], reference: str) -> None:
         with self.lock:
             if not self.warm or self.started is not None:
                 return
             self.started = start(ahead, reference)
-
-    @contextlib.contextmanager
-    def quiet(self) -> Iterator[None]:
-        """The spare's judge and workers stopped for the duration (it may be starting)."""
-        with self.lock:
-            spare = self.started
-            if spare is not None:
-                freeze(spare.judge)
-        try:
-            yield
-        finally:
-            if spare is not None:
-                thaw(spare.judge)  # killed meanwhile: no process left to signal
 
     def release(self) -> None:
         with self.lock:
@@ -150,20 +134,11 @@ def prefill(ahead: dict[str, Any], reference: str) -> None:
     _SPARE.refill(ahead, reference)
 
 
-def quiet() -> contextlib.AbstractContextManager[None]:
-    """Around a timing: the spare, stopped."""
-    return _SPARE.quiet()
-
-
 @contextlib.contextmanager
 def judge_for(ahead: dict[str, Any], reference: str) -> Iterator[Started]:
-    """A started judge for one job (the spare when it fits), finished afterwards. With
-    `keep_warm` on, the next spare starts at once when this job took one (beside its
-    compile and verification, stopped while it is timed: `quiet`), else after the job
-    (two judges starting at once on a small machine would delay this one's verdict)."""
-    started, spared = _SPARE.take(ahead, reference)
-    if spared:
-        _SPARE.refill(ahead, reference)
+    """A started judge for one job (the spare when it fits), finished afterwards; a new
+    spare is started after it when `keep_warm` is on."""
+    started = _SPARE.take(ahead, reference)
     try:
         yield started
     finally:
@@ -188,8 +163,7 @@ def _stale(folder: Path) -> bool:
 
 def clean_stale_jobs() -> int:
     """Remove the job folders of evaluations that died, and kill what still runs for
-    them (a spare stopped during a timing when its caller was killed never saw its
-    death signal); the number removed."""
+    them (a process that missed or ignored its death signal); the number removed."""
     removed = 0
     for folder in subdir("jobs").iterdir():
         with contextlib.suppress(OSError):
