@@ -47,18 +47,3 @@ def descendants(pid: int) -> list[int]:
         found.append(current)
         todo.extend(children.get(current, []))
     return found
-
-
-def naming(path: str) -> list[int]:
-    """The live processes with an argument that is `path` or lies below it."""
-    found = []
-    for entry in os.scandir("/proc") if Path("/proc").is_dir() else []:
-        if not entry.name.isdigit():
-            continue
-        try:
-            arguments = Path(entry.path, "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if any(a == path or a.startswith(path + "/") for a in arguments.split("\0")):
-            found.append(int(entry.name))
-    return found

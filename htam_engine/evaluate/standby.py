@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from htam_engine import machine, procs
-from htam_engine.evaluate.process import Child, python_module, signal_all
+from htam_engine import machine
+from htam_engine.evaluate.process import Child, python_module
 from htam_engine.paths import subdir
 
 ROLES = ("reference", "candidate")
@@ -162,13 +162,11 @@ def _stale(folder: Path) -> bool:
 
 
 def clean_stale_jobs() -> int:
-    """Remove the job folders of evaluations that died, and kill what still runs for
-    them (a process that missed or ignored its death signal); the number removed."""
+    """Remove the job folders of evaluations that died; the number removed."""
     removed = 0
     for folder in subdir("jobs").iterdir():
         with contextlib.suppress(OSError):
             if folder.is_dir() and _stale(folder):
-                signal_all(procs.naming(str(folder)), signal.SIGKILL)
                 shutil.rmtree(folder, ignore_errors=True)
                 removed += 1
     return removed
