@@ -22,7 +22,7 @@ def _parser(language: str) -> Parser:
 
 
 def as_bytes(source: str | bytes) -> bytes:
-    return source.encode() if isinstance(source, str) else source
+    return source.encode(errors="surrogatepass") if isinstance(source, str) else source
 
 
 def parse(source: str | bytes, language: str) -> Tree:
