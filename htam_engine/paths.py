@@ -24,3 +24,11 @@ def subdir(name: str) -> Path:
     path = home() / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `path` so that no reader, and no other process writing it, sees it half
+    written (a private temporary file renamed over it)."""
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(text)
+    partial.replace(path)

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from htam_engine import machine
 from htam_engine.errors import UserError
-from htam_engine.paths import subdir
+from htam_engine.paths import subdir, write_whole
 
 if TYPE_CHECKING:
     from htam_engine.evaluate.verdict import Verdict
@@ -212,10 +212,7 @@ def machine_limits(refresh: bool = False) -> MachineLimits:
     limits = MachineLimits.from_json({**done, "fingerprint": fingerprint()})
     if old is not None:
         limits = _best_of(old, limits)
-    path = _cached_path()
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps(limits.to_json(), indent=1))
-    partial.replace(path)  # never half-written
+    write_whole(_cached_path(), json.dumps(limits.to_json(), indent=1))
     return limits
 
 
@@ -275,10 +272,7 @@ def kept_work(reference_source: str) -> Work | None:
 def keep_work(reference_source: str, work: Work) -> None:
     """Keep `work` for this reference: a judge counts a reference once (about a second
     of its start: `FlopCounterMode`'s first use)."""
-    path = _work_path(reference_source)
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(asdict(work)))
-    temporary.replace(path)
+    write_whole(_work_path(reference_source), json.dumps(asdict(work)))
 
 
 # ---------------------------------------------------------------- a verdict's place

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from typing import Any
 from htam_engine.errors import UserError
 from htam_engine.evaluate.cli import add_policy_arguments
 from htam_engine.machine import DEVICE_CHOICES
+from htam_engine.paths import write_whole
 from htam_engine.report import format_speedup
 from htam_engine.task import parse_allow_torch
 
@@ -219,7 +219,7 @@ def run_problem(problem: Problem, folder: Path, flags: list[str]) -> ProblemResu
     except subprocess.TimeoutExpired:
         document = {"error": {"kind": "timeout", "message": f"over {PROBLEM_TIMEOUT_S} s"}}
     result = ProblemResult.from_run(problem, document, time.monotonic() - started)
-    _write_atomically(done_file, json.dumps(asdict(result), indent=2))
+    write_whole(done_file, json.dumps(asdict(result), indent=2))
     return result
 
 
@@ -231,12 +231,6 @@ def _last_json(stdout: str) -> dict[str, Any] | None:
             continue
         return value if isinstance(value, dict) else None
     return None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    partial = path.with_suffix(".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
 
 
 Runner = Callable[[Sequence[tuple[Problem, Path]], list[str]], list[ProblemResult]]
