@@ -72,7 +72,8 @@ def test_repeated_cli_eval_answers_from_cache_in_under_a_second():
     ("fixture", "kind", "check"),
     [
         ("incorrect.py", "incorrect", "output.values"),
-        ("cheats/stale_buffer.py", "incorrect", "output.values"),
+        # uninitialised memory: whatever was there, which may not be finite
+        ("cheats/stale_buffer.py", "incorrect", ("output.values", "output.finite")),
         ("cheats/torch_method.py", "not_custom_kernel", "runtime.torch_ops"),
         ("cheats/return_input.py", "cheating", "output.inputs_unchanged"),
         ("cheats/mutate_input.py", "cheating", "output.inputs_unchanged"),
@@ -91,8 +92,9 @@ def test_wrong_and_cheating_candidates_are_rejected_with_their_reason(fixture, k
     verdict = run(fixture, use_cache=False)
     assert not verdict.correct and verdict.error is not None
     assert verdict.error.kind == kind, verdict.error
-    assert check in [c.name for c in verdict.checks if not c.passed]
-    assert check in verdict.error.message
+    failed = [c.name for c in verdict.checks if not c.passed]
+    named = [name for name in ((check,) if isinstance(check, str) else check) if name in failed]
+    assert named and named[0] in verdict.error.message, (failed, verdict.error)
 
 
 def test_compile_error_points_at_the_users_line():
