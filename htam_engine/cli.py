@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from htam_engine import __version__
 from htam_engine.errors import UserError
 
-# (subcommand, module that defines `register(subparsers)`); imported lazily so that
-# `htam --help` stays fast and no area pays for another's imports.
+# (subcommand, module that defines `register(subparsers)`); only the named subcommand's
+# module is imported, so that no area pays for another's imports (all for `htam --help`).
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("optimize", "htam_engine.loop_cli"),
     ("eval", "htam_engine.evaluate.cli"),
@@ -27,7 +27,8 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser for `argv`: with the subcommand it names only, or all when it names none."""
     parser = argparse.ArgumentParser(
         prog="htam",
         description=(
@@ -38,13 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"htam {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for _name, module in SUBCOMMANDS:
-        importlib.import_module(module).register(subparsers)
+    words = [arg for arg in argv if not arg.startswith("-")][:1]
+    named = [name for name, _ in SUBCOMMANDS if name in words]
+    for name, module in SUBCOMMANDS:
+        if not named or name in named:
+            importlib.import_module(module).register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)

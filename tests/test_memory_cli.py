@@ -9,18 +9,11 @@ from pathlib import Path
 
 from htam_engine.memory import START, MemoryStore, Outcome
 
-# Only the memory subcommand is registered so this test does not depend on other areas.
-RUNNER = (
-    "import sys, htam_engine.cli as c; "
-    "c.SUBCOMMANDS = (('memory', 'htam_engine.memory.cli'),); "
-    "sys.exit(c.main(sys.argv[1:]))"
-)
-
 
 def htam(*args: str) -> subprocess.CompletedProcess[str]:
     """`htam memory ARGS` in the test's own home (conftest's `HTAM_HOME`)."""
     return subprocess.run(
-        [sys.executable, "-c", RUNNER, "memory", *args],
+        [sys.executable, "-m", "htam_engine.cli", "memory", *args],
         capture_output=True,
         text=True,
         timeout=60,
