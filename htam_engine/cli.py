@@ -39,10 +39,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"htam {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    words = [arg for arg in argv if not arg.startswith("-")][:1]
-    named = [name for name, _ in SUBCOMMANDS if name in words]
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    named = first if first in dict(SUBCOMMANDS) else None
     for name, module in SUBCOMMANDS:
-        if not named or name in named:
+        if named in (None, name):
             importlib.import_module(module).register(subparsers)
     return parser
 
