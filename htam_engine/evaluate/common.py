@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.abc
 import importlib.util
 import os
 import re
@@ -14,7 +15,6 @@ from types import ModuleType
 from typing import Any
 
 import torch
-import torch.utils.cpp_extension as cpp_extension
 
 from htam_engine.evaluate.static import LAYOUT_OPS, RANDOM_OPS
 from htam_engine.kernels import CompileError
@@ -140,15 +140,48 @@ def changed_attributes(guarded: list[tuple[str, Any, str, Any]]) -> list[str]:
     ]
 
 
+_EXTENSIONS = "torch.utils.cpp_extension"  # ~0.15 s to import (setuptools): only if used
+
+
 def share_inline_builds(root: Path | None = None) -> None:
     """Make `load_inline` build into a folder of `root` keyed by the hash of its arguments.
     A worker gives its own box (a build shared between candidates could be poisoned);
-    trusted tools share one under the HTAM home."""
-    original = cpp_extension.load_inline
+    trusted tools share one under the HTAM home. Not imported yet, `cpp_extension` is
+    patched when something imports it."""
     if root is None:
         from htam_engine.paths import subdir
 
         root = subdir("torch-extensions")
+    if _EXTENSIONS in sys.modules:
+        _key_builds(sys.modules[_EXTENSIONS], root)
+    else:
+        sys.meta_path.insert(0, _PatchOnImport(root))
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds `cpp_extension` as the next finders would, and patches it once loaded."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _EXTENSIONS:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            load = spec.loader.exec_module
+
+            def exec_module(module: ModuleType) -> None:
+                load(module)
+                _key_builds(module, self.root)
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _key_builds(cpp_extension: Any, root: Path) -> None:
+    original = cpp_extension.load_inline
 
     @functools.wraps(original)
     def load_inline(name: str, *args: Any, **kwargs: Any) -> Any:
@@ -170,6 +203,8 @@ def cuda_entry_model(source: str, entry: str, name: str) -> torch.nn.Module:
     if match is None:
         raise CandidateError(f"no host function `torch::Tensor {entry}(...)` in the .cu file")
     ext_name = re.sub(r"\W", "_", f"htam_{name}_{entry}")
+    import torch.utils.cpp_extension as cpp_extension
+
     module = cpp_extension.load_inline(
         ext_name, cpp_sources=match.group(1) + ";", cuda_sources=source, functions=[entry]
     )
