@@ -48,7 +48,9 @@ def test_the_sandbox_is_bubblewrap_where_bwrap_is_installed():
     [
         ("forged_events", "cheating", "timing.call_count"),
         ("call_counter", "cheating", "timing.outputs"),
-        ("pace", "cheating", "timing.outputs"),
+        # its wrong answers come where calls follow within 50 ms: in timing, or already
+        # in verification when the judge's checks between those calls are that quick
+        ("pace", ("cheating", "incorrect"), ("timing.outputs", "output.values")),
         ("flags", "incorrect", "output.values"),
         ("pointer_cache", "cheating", "output.fresh"),
         ("read_seeds", "incorrect", "output.values"),
@@ -61,7 +63,9 @@ def test_the_sandbox_is_bubblewrap_where_bwrap_is_installed():
 def test_adversarial_candidate_is_rejected_by_its_check(name, kind, check):
     verdict = measure(CANDIDATES / "adversarial" / f"{name}.py")
     assert not verdict.correct and verdict.error is not None
-    assert verdict.error.kind == kind, verdict.error
+    kinds = (kind,) if isinstance(kind, str) else kind  # or one of these, each with its check
+    assert verdict.error.kind in kinds, verdict.error
+    check = check if isinstance(check, str) else check[kinds.index(verdict.error.kind)]
     assert check in failed(verdict), verdict.checks
     assert check in verdict.error.message
     assert "found the harness files" not in verdict.error.message

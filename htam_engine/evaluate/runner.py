@@ -304,6 +304,7 @@ def _ahead(task: Task, device: str, limits: Limits) -> dict[str, Any]:
         "verify_s": limits.verify_s,
         "time_s": limits.time_s,
         "memory_mb": limits.memory_mb,
+        "inputs_ahead_mb": limits.inputs_ahead_mb,
         "threads": timing_threads(),
     }
 

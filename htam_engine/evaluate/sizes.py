@@ -23,7 +23,7 @@ from typing import Any
 from htam_engine import machine
 from htam_engine.errors import TooLarge
 from htam_engine.evaluate import sandbox
-from htam_engine.evaluate.verdict import Limits
+from htam_engine.evaluate.verdict import Limits, sets_ahead
 from htam_engine.paths import subdir
 from htam_engine.task import SCALED_SIZES, Task, scale_reference
 
@@ -39,16 +39,19 @@ class Estimate:
     outputs: int | None
     why: str = ""
 
-    def needs(self, sets: int) -> dict[str, int]:
+    def needs(self, limits: Limits) -> dict[str, int]:
         """What an evaluation holds, per place. A worker maps the input and output
         buffers and holds its result (inputs + 2 x outputs); the judge keeps every input
         set, its expected outputs and their float64 copies (about 3 x a set per set) and
-        both workers run beside it; the two boxes' buffers lie on disk."""
+        timing's input sets made ahead, and both workers run beside it; the two boxes'
+        buffers lie on disk."""
         inputs, outputs = self.inputs or 0, self.outputs or 0
         worker = inputs + 2 * outputs
+        judge = 3 * limits.input_sets * (inputs + outputs)
+        judge += sets_ahead(limits.inputs_ahead_mb, inputs) * inputs
         return {
             "worker": worker,
-            "host": 3 * sets * (inputs + outputs) + 2 * worker,
+            "host": judge + 2 * worker,
             "disk": 2 * (inputs + outputs),
             "device": 3 * worker,
         }
@@ -157,7 +160,7 @@ def refuse_if_too_large(task: Task, device: str, limits: Limits | None = None) -
     found = estimate(task)
     if found.inputs is None:
         return found
-    needs = found.needs(limits.input_sets)
+    needs = found.needs(limits)
     here = limits_here(machine.resolve_device(device, task.backend), limits)
     over = [
         (place, needs[place], limit, what)

@@ -41,6 +41,17 @@ class Limits:
     time_s: float = 120.0
     memory_mb: int = 16384
     input_sets: int = 3
+    inputs_ahead_mb: int = 256  # the judge's memory for timing's input sets made ahead
+
+
+SETS_AHEAD = 24  # timing's input sets a judge makes ahead, at most: more than a timing
+# at its floor uses (warm-up, then a second of pairs of ~50 ms)
+
+
+def sets_ahead(ahead_mb: int, set_bytes: int) -> int:
+    """How many of timing's input sets a judge makes before timing starts: SETS_AHEAD,
+    fewer where they would take more than `ahead_mb` (`Limits.inputs_ahead_mb`)."""
+    return min(SETS_AHEAD, (ahead_mb << 20) // max(set_bytes, 1))
 
 
 @dataclass
