@@ -155,7 +155,7 @@ async def test_cancel_kills_the_worker(client: LanguageClient, task: Path):
         return live_processes(lambda pgid, _: pgid == pid)
 
     assert group()
-    await wait_until(workers, timeout=120)  # cancel while a candidate is being evaluated
+    seen = set(await wait_until(workers, timeout=120))  # cancel while one is evaluated
     if client.spec == "visual-studio-code":  # type: ignore[attr-defined]
         client.window_work_done_progress_cancel(
             t.WorkDoneProgressCancelParams(f"{job_id}-progress")
@@ -166,7 +166,8 @@ async def test_cancel_kills_the_worker(client: LanguageClient, task: Path):
         )
     final = await wait_until(lambda: _final(client, job_id), timeout=30)
     assert final["state"] == "cancelled"
-    await wait_until(lambda: not group() and not workers(), timeout=3)
+    # the job's own workers: the server may already have started the next job's (`Warm`)
+    await wait_until(lambda: not group() and not seen & set(workers()), timeout=3)
 
 
 def _json(position: t.Position) -> dict[str, int]:
