@@ -85,6 +85,20 @@ def test_the_sandboxs_own_processes_do_not_count_as_the_candidates_threads() -> 
     assert tasks.observe(before, wide, core=1, wall_s=0.003, sandbox=frozenset({bwrap})).widened
 
 
+def test_a_count_seen_only_in_the_busiest_tenth_of_the_calls_is_tolerated() -> None:
+    assert tasks.threads_seen([1] * 19 + [2]) == 1  # one call in twenty
+    assert tasks.threads_seen([1] * 18 + [2, 2]) == 1  # two in twenty: the tenth
+    assert tasks.threads_seen([1] * 17 + [2, 2, 3]) == 2  # three in twenty
+    assert tasks.threads_seen([1] * 8 + [2]) == 2  # under ten calls: none tolerated
+    assert tasks.threads_seen([]) == 0
+
+
+def test_a_helper_working_in_one_call_in_thirteen_is_not_past_the_policy(htam_home):
+    verdict = measure(CANDIDATES / "honest" / "rare_helper.py")
+    assert verdict.correct and verdict.error is None, verdict.error
+    assert verdict.spread["threads_seen"] == timing_threads()
+
+
 def test_ancestors_walk_up_to_init() -> None:
     above = ancestors(os.getpid())
     assert above[0] == os.getppid() and above[-1] == 1
