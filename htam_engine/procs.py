@@ -6,16 +6,21 @@ import os
 from pathlib import Path
 
 
+def stat_fields(path: str) -> list[str]:
+    """The fields of a /proc `stat` file after the command's name (which may hold spaces
+    and parentheses): the state first, then the parent. OSError: the task is gone."""
+    return Path(path).read_text().rsplit(")", 1)[1].split()
+
+
 def _parents() -> dict[int, int]:
     parents = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            stat = Path(entry.path, "stat").read_text()
+            parents[int(entry.name)] = int(stat_fields(f"{entry.path}/stat")[1])
         except OSError:
             continue  # the process ended while we looked
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
     return parents
 
 
@@ -24,10 +29,9 @@ def ancestors(pid: int) -> list[int]:
     found: list[int] = []
     while True:
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat_fields(f"/proc/{pid}/stat")[1])
         except OSError:
             return found
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
         if pid <= 0:
             return found
         found.append(pid)

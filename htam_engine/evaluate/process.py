@@ -26,7 +26,7 @@ from typing import Any
 
 from htam_engine.evaluate import reaper, sandbox
 from htam_engine.machine import kill_process_group
-from htam_engine.procs import descendants
+from htam_engine.procs import descendants, stat_fields
 
 EOF_EVENT = "__eof__"
 FLOOD_EVENT = "__flood__"
@@ -230,7 +230,7 @@ def signal_all(pids: list[int], signum: int) -> None:
 
 def _running(pid: int) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = stat_fields(f"/proc/{pid}/stat")[0]
     except OSError:
         return False
     return state not in ("T", "t", "Z", "X")

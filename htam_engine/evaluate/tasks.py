@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from htam_engine.procs import stat_fields
+
 RUNNING_SHARE = 0.05
 RUNNING_FLOOR_NS = 500_000
 TOLERATED_SHARE = 0.1  # of a timing's calls, whose task counts are not held to the policy
@@ -100,8 +102,8 @@ def _runnable(pids: list[int], main: int | None) -> bool:
 
 def _state(pid: int, task: str) -> str:
     try:
-        return Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return stat_fields(f"/proc/{pid}/task/{task}/stat")[0]
+    except OSError:
         return "?"
 
 
