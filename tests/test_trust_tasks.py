@@ -94,7 +94,7 @@ def test_a_count_seen_only_in_the_busiest_tenth_of_the_calls_is_tolerated() -> N
 
 
 def test_a_helper_working_in_one_call_in_thirteen_is_not_past_the_policy(htam_home):
-    verdict = measure(CANDIDATES / "honest" / "rare_helper.py")
+    verdict = measure(CANDIDATES / "honest" / "rare_helper.py", allow_torch=("softmax", "_softmax"))
     assert verdict.correct and verdict.error is None, verdict.error
     assert verdict.spread["threads_seen"] == timing_threads()
 

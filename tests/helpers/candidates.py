@@ -6,6 +6,7 @@ import contextlib
 import shutil
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,10 +23,12 @@ QUICK = Limits(compile_s=60, verify_s=30, time_s=60)
 MODES = ("bwrap", "none")
 
 
-def measure(path: Path, source: str | None = None, limits: Limits = QUICK) -> Verdict:
+def measure(
+    path: Path, source: str | None = None, limits: Limits = QUICK, allow_torch: tuple[str, ...] = ()
+) -> Verdict:
     """The candidate at `path` through everything after the static checks (the trusted
-    side must hold on its own when a candidate evades them)."""
-    task = load_task(path)
+    side must hold on its own when a candidate evades them), torch allowed `allow_torch`."""
+    task = replace(load_task(path), allow_torch=allow_torch)
     source = source if source is not None else path.read_text()
     verdict = Verdict(device="cpu", sandbox=sandbox_mode())
     return run_candidate(task, source, verdict, limits, threading.Event(), lambda _p: None)
