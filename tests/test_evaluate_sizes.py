@@ -28,12 +28,14 @@ def _eval(*flags: str) -> dict:
     return json.loads(done.stdout)
 
 
-def test_a_full_size_problem_is_refused_with_the_estimate_and_a_scale() -> None:
+def test_a_full_size_problem_is_refused_with_the_estimate_and_a_scale(htam_home: Path) -> None:
     error = _eval()["error"]
     assert error["kind"] == "too_large"
     assert "one input set is 6.4 GB" in error["message"]
     assert "Limits.memory_mb" in error["message"] and "--scale 0.1" in error["message"]
     assert "batch_size" in error["message"]
+    # the judge started beside the estimate (held: no input set made) went with the command
+    assert not list((htam_home / "jobs").glob("*"))
 
 
 def test_scaled_down_it_runs_and_the_verdict_says_so() -> None:

@@ -114,6 +114,46 @@ def test_a_judge_started_ahead_for_a_task_serves_its_first_evaluation(
     assert _spare() is started[0]
 
 
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _waits_after_torch(pid: int) -> bool:
+    """The process imported torch and then used no CPU for half a second: it waits."""
+    before = _cpu_ticks(pid)
+    time.sleep(0.5)
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text() and _cpu_ticks(pid) == before
+
+
+def test_a_held_judge_makes_no_inputs_until_an_evaluation_takes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`htam eval` starts the judge beside the problem's first size estimate, held: its
+    workers and torch import run, its input sets (memory the estimate may refuse) wait
+    for the evaluation that takes it, which no other judge serves (without `keep_warm`,
+    none follows)."""
+    path = FIXTURES / "correct.py"
+    task = with_start(with_policy(load_task(path)), path)
+    runner.start_ahead(task, "cpu", held=True)
+    held = _spare()
+    try:
+        for _ in range(120):  # its torch import: up to a minute on a busy CI
+            if _waits_after_torch(held.judge.popen.pid):
+                break
+        assert _waits_after_torch(held.judge.popen.pid)
+        assert not any((held.jobdir / role / "init.pt").exists() for role in standby.ROLES)
+        started: list[Any] = []
+        monkeypatch.setattr(standby, "start", lambda *args: started.append(args))
+        assert task.impl_source is not None
+        verdict = evaluate(task, task.impl_source, device="cpu", limits=Limits(), use_cache=False)
+        assert verdict.correct, verdict.error
+        assert not started and not held.jobdir.exists(), "the held judge served it"
+        assert standby._SPARE.started is None
+    finally:
+        standby._SPARE.release()
+
+
 def test_the_judge_starts_its_workers_before_it_imports_torch() -> None:
     """Three torch imports (the judge's and both workers') run at once, not the
     workers' after the judge's: its entry module imports no torch."""

@@ -11,8 +11,14 @@ from pathlib import Path
 from htam_engine.errors import UserError
 from htam_engine.evaluate.verdict import Verdict
 from htam_engine.machine import DEVICE_CHOICES
-from htam_engine.task import SCALED_SIZES, Task, guess_backend, load_task, parse_directive
-from htam_engine.task import with_policy as _with_policy
+from htam_engine.task import (
+    SCALED_SIZES,
+    Task,
+    guess_backend,
+    load_task,
+    parse_directive,
+    with_policy,
+)
 from htam_engine.vocabulary import kind_of
 
 ALLOW_TORCH_HELP = (
@@ -30,16 +36,6 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     """`--allow-torch` and `--scale`, shared by eval, optimize and the sweep."""
     parser.add_argument("--allow-torch", metavar="OPS", help=ALLOW_TORCH_HELP)
     parser.add_argument("--scale", type=float, metavar="F", help=SCALE_HELP)
-
-
-def with_policy(task: Task, args: argparse.Namespace) -> Task:
-    """`task` under the command line's `--allow-torch` and `--scale`, refused (`TooLarge`)
-    when the problem as it will run does not fit this machine."""
-    from htam_engine.evaluate.sizes import refuse_if_too_large
-
-    task = _with_policy(task, getattr(args, "allow_torch", None), getattr(args, "scale", None))
-    refuse_if_too_large(task, getattr(args, "device", "auto"))
-    return task
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -108,15 +104,19 @@ def _notes(verdict: Verdict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from htam_engine.evaluate import evaluate
+    from htam_engine.evaluate import evaluate, runner, sizes
 
-    task = with_policy(load_task(args.task), args)
+    task = with_policy(load_task(args.task), args.allow_torch, args.scale)
     try:
         candidate = args.candidate.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"cannot read candidate {args.candidate}: {error}") from None
     if task.impl_path is None or task.impl_path.resolve() != args.candidate.resolve():
         task = _with_candidate(task, args.candidate, candidate)
+    if not sizes.kept(task):  # the problem's first estimate (seconds): the judge starts
+        # beside it, held before its input sets (memory the estimate may refuse)
+        runner.start_ahead(task, args.device, held=True)
+    sizes.refuse_if_too_large(task, args.device)
     verdict = evaluate(
         task, candidate, device=args.device, use_cache=not args.no_cache, baseline=args.baseline
     )

@@ -141,9 +141,9 @@ def _die_cleanly(jobdir: Path, sides: dict[str, Side]) -> None:
 
 
 def main(jobdir: Path) -> None:
-    """Start both workers from `standby.json` at once and prepare the reference's side,
-    then wait for the caller's `job` line: a judge can stand by, ready, before its
-    candidate exists (`standby`); it serves one job and ends."""
+    """Start both workers from `standby.json` at once and, once the caller says
+    `prepare`, the reference's side; then wait for the caller's `job` line: a judge can
+    stand by, ready, before its candidate exists (`standby`); it serves one job and ends."""
     token = sys.stdin.readline().strip()
     libc = ctypes.CDLL(None)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)  # orphans of the workers come back to us
@@ -155,6 +155,8 @@ def main(jobdir: Path) -> None:
         sides.update((role, Side(role, jobdir, standby)) for role in ROLES)
         from htam_engine.evaluate.judging import Judge  # torch, beside the workers' imports
 
+        if sys.stdin.readline().strip() != protocol.PREPARE:
+            raise SystemExit(0)
         with _reference_code("preparing the inputs"):
             judge = Judge(jobdir, standby, token, sides)
             judge.prepare()

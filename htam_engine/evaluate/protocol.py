@@ -1,7 +1,7 @@
 """What the judge and its caller (`runner`) say to each other: typed both ways.
 
 The caller writes lines to the judge's stdin: its token first, then one command per
-phase (`JOB`, `VERIFY`, `TIME`). The judge answers each phase on stdout with one message
+phase (`PREPARE`, `JOB`, `VERIFY`, `TIME`). The judge answers each phase on stdout with one message
 below, a JSON object a line: the message's fields plus `"event": <its EVENT>` and the
 caller's token (which `process.Child` checks and strips, stamping the line with its
 own clock as `_t`). A judge that stops says so with `Failed`, which `Child.wait_for`
@@ -18,6 +18,7 @@ from typing import Any, ClassVar, TypeVar
 from htam_engine.evaluate.verdict import Check
 
 # the caller's commands, one line each, in this order
+PREPARE = "prepare"  # make the input sets (a caller may hold this while it sizes the problem)
 JOB = "job"  # job.json is written: take it (a judge may stand by before its job exists)
 VERIFY = "verify"
 TIME = "time"

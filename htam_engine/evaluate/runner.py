@@ -258,11 +258,14 @@ def run_candidate(
     return verdict
 
 
-def start_ahead(task: Task, device: str = "auto", limits: Limits | None = None) -> None:
-    """Start now the judge the next evaluation of `task` on `device` takes (`standby`,
-    with `keep_warm` on): its workers, input sets and expected outputs."""
+def start_ahead(
+    task: Task, device: str = "auto", limits: Limits | None = None, held: bool = False
+) -> None:
+    """Start now the judge the next evaluation of `task` on `device` takes (`standby`):
+    its workers and, unless `held` (until that evaluation), its input sets and expected
+    outputs."""
     resolved = machine.resolve_device(device, task.backend)
-    standby.prefill(_ahead(task, resolved, limits or Limits()), task.reference_source)
+    standby.prefill(_ahead(task, resolved, limits or Limits()), task.reference_source, held)
 
 
 def _keep_builds(verdict: Verdict, boxes: dict[str, builds.Box], verified: bool) -> None:

@@ -88,10 +88,19 @@ def _bytes(values: list[Any]) -> int:
     return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
+def _kept_at(task: Task) -> Path:
+    digest = hashlib.sha256(task.reference_source.encode()).hexdigest()[:24]
+    return subdir("sizes") / f"{digest}.json"
+
+
+def kept(task: Task) -> bool:
+    """Whether `task`'s estimate is kept (`estimate` then runs nothing)."""
+    return _kept_at(task).is_file()
+
+
 def estimate(task: Task) -> Estimate:
     """The sizes of `task`'s problem as it will run (scaled, if it is)."""
-    digest = hashlib.sha256(task.reference_source.encode()).hexdigest()[:24]
-    kept = subdir("sizes") / f"{digest}.json"
+    kept = _kept_at(task)
     try:
         return Estimate(**json.loads(kept.read_text()))
     except (OSError, ValueError, TypeError):

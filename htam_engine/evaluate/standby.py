@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import machine
+from htam_engine.evaluate import protocol
 from htam_engine.evaluate.process import Child, python_module
 from htam_engine.paths import subdir
 
@@ -50,6 +51,13 @@ class Started:
     reference: str
     job: dict[str, Any]
     owner: int  # the folder's lock, held while the judge lives
+    held: bool  # its input sets not yet made: `prepare` lets it
+
+    def prepare(self) -> None:
+        """Let the judge make its input sets and expected outputs (once)."""
+        if self.held:
+            self.judge.send(protocol.PREPARE)
+            self.held = False
 
     def fits(self, ahead: dict[str, Any], reference: str) -> bool:
         alive = self.judge.popen.poll() is None
@@ -61,9 +69,9 @@ class Started:
         os.close(self.owner)
 
 
-def start(ahead: dict[str, Any], reference: str) -> Started:
+def start(ahead: dict[str, Any], reference: str, held: bool = False) -> Started:
     """A new job folder (both boxes, `reference.py`, `standby.json`) and its judge,
-    started."""
+    started; `held`, it only starts its workers and imports torch until `prepare`."""
     clean_stale_jobs()
     jobdir = Path(tempfile.mkdtemp(prefix="eval-", dir=subdir("jobs")))
     owner = os.open(jobdir / ".owner", os.O_RDWR | os.O_CREAT, 0o600)
@@ -83,7 +91,10 @@ def start(ahead: dict[str, Any], reference: str) -> Started:
         token=secrets.token_hex(16),
         death_signal=signal.SIGTERM,  # it cleans up the job folder when the caller dies
     )
-    return Started(jobdir, judge, ahead, reference, job, owner)
+    started = Started(jobdir, judge, ahead, reference, job, owner, held=True)
+    if not held:
+        started.prepare()
+    return started
 
 
 class _Spare:
@@ -98,16 +109,20 @@ class _Spare:
         with self.lock:
             spare, self.started = self.started, None
         if spare is not None and spare.fits(ahead, reference):
+            spare.prepare()
             return spare
         if spare is not None:
             spare.finish()
         return start(ahead, reference)
 
     def refill(self, ahead: dict[str, Any], reference: str) -> None:
+        if self.warm:
+            self.fill(ahead, reference)
+
+    def fill(self, ahead: dict[str, Any], reference: str, held: bool = False) -> None:
         with self.lock:
-            if not self.warm or self.started is not None:
-                return
-            self.started = start(ahead, reference)
+            if self.started is None:
+                self.started = start(ahead, reference, held)
 
     def release(self) -> None:
         with self.lock:
@@ -128,10 +143,11 @@ def keep_warm(on: bool) -> None:
         _SPARE.release()
 
 
-def prefill(ahead: dict[str, Any], reference: str) -> None:
+def prefill(ahead: dict[str, Any], reference: str, held: bool = False) -> None:
     """Start the spare for the job `ahead` now, before any evaluation asked for one
-    (`keep_warm` must be on)."""
-    _SPARE.refill(ahead, reference)
+    (`held`: its input sets wait until an evaluation takes it); with `keep_warm` on,
+    each evaluation is followed by a new spare."""
+    _SPARE.fill(ahead, reference, held)
 
 
 @contextlib.contextmanager
