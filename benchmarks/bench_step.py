@@ -103,7 +103,8 @@ def run_eval(checkout: Path, example: str, home: str, run: int) -> dict[str, Any
 
 def evals(checkouts: dict[str, Path], examples: list[str], count: int, condition: str) -> None:
     """`count` one-shot evaluations per example and checkout, alternating; printed as the
-    medians of wall time and phases."""
+    medians of wall time and phases, for a problem's first evaluation in the home (its
+    size estimate runs, its work is counted) and for a problem seen before."""
     homes = {name: tempfile.mkdtemp(prefix="htam-bench-eval-") for name in checkouts}
     for name, checkout in checkouts.items():  # the machine's limits, measured once
         run_eval(checkout, examples[0], homes[name], -1)
@@ -113,14 +114,28 @@ def evals(checkouts: dict[str, Path], examples: list[str], count: int, condition
             for name, checkout in checkouts.items():
                 measure = functools.partial(run_eval, checkout, example, homes[name], run)
                 row = loaded(measure) if condition == "loaded" else measure()
+                row["first"] = run == 0 and example != examples[0]
                 rows[name].append(row)
                 print(f"eval, {name}, {condition}: {json.dumps(row)}", file=sys.stderr)
-    columns = ("wall_s", "compile", "verify", "time")
     print(f"\none-shot `htam eval`, {condition}, medians of {count} x {len(examples)}:")
-    print("| checkout | " + " | ".join(columns) + " |\n| --- |" + " ---: |" * len(columns))
-    for name, found in rows.items():
-        cells = [statistics.median(r.get(c, 0.0) for r in found) for c in columns]
-        print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in cells) + " |")
+    print(eval_table(rows))
+
+
+def eval_table(rows: dict[str, list[dict[str, Any]]]) -> str:
+    """Medians per checkout of the evaluations seen before, then of the first ones."""
+    columns = ("wall_s", "besides_time", "compile", "verify", "time")
+    lines = ["| checkout | evals | " + " | ".join(columns) + " |", "| --- | --- |" + " ---: |" * 5]
+    for first, which in ((False, "seen before"), (True, "first of a problem")):
+        for name, found in rows.items():
+            group = [r for r in found if r.get("first", False) == first]
+            if not group:
+                continue
+            values = {c: [r.get(c, 0.0) for r in group] for c in columns[2:]}
+            values["wall_s"] = [r["wall_s"] for r in group]
+            values["besides_time"] = [r["wall_s"] - r.get("time", 0.0) for r in group]
+            cells = " | ".join(f"{statistics.median(values[c]):.2f}" for c in columns)
+            lines.append(f"| {name} | {which} ({len(group)}) | {cells} |")
+    return "\n".join(lines)
 
 
 def breakdown(run: dict[str, Any]) -> dict[str, Any]:

@@ -55,3 +55,12 @@ def test_a_run_s_events_give_its_breakdown() -> None:
     summary = bench.summary([{"example": "x", **found}])
     assert summary["step_s"] == pytest.approx(3.25) and summary["compile"] == pytest.approx(5.5)
     assert "| a, idle |" in bench.table({"a, idle": summary})
+
+
+def test_one_shot_evals_are_tabled_apart_seen_and_first() -> None:
+    bench = _load()
+    seen = {"wall_s": 5.0, "compile": 2.0, "verify": 0.3, "time": 2.0, "first": False}
+    first = {"wall_s": 9.0, "compile": 2.5, "verify": 0.3, "time": 2.0, "first": True}
+    table = bench.eval_table({"a": [seen, {**seen, "wall_s": 7.0}, first]})
+    assert "| a | seen before (2) | 6.00 | 4.00 | 2.00 | 0.30 | 2.00 |" in table
+    assert "| a | first of a problem (1) | 9.00 | 7.00 | 2.50 | 0.30 | 2.00 |" in table
