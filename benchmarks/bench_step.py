@@ -124,16 +124,19 @@ def evals(checkouts: dict[str, Path], examples: list[str], count: int, condition
 def eval_table(rows: dict[str, list[dict[str, Any]]]) -> str:
     """Medians per checkout of the evaluations seen before, then of the first ones."""
     columns = ("wall_s", "besides_time", "compile", "verify", "time")
-    lines = ["| checkout | evals | " + " | ".join(columns) + " |", "| --- | --- |" + " ---: |" * 5]
+    lines = ["| checkout | evals | " + " | ".join(columns) + " |"]
+    lines.append("| --- | --- |" + " ---: |" * len(columns))
     for first, which in ((False, "seen before"), (True, "first of a problem")):
         for name, found in rows.items():
-            group = [r for r in found if r.get("first", False) == first]
+            group = [
+                {"besides_time": r["wall_s"] - r.get("time", 0.0), **r}
+                for r in found
+                if r.get("first", False) == first
+            ]
             if not group:
                 continue
-            values = {c: [r.get(c, 0.0) for r in group] for c in columns[2:]}
-            values["wall_s"] = [r["wall_s"] for r in group]
-            values["besides_time"] = [r["wall_s"] - r.get("time", 0.0) for r in group]
-            cells = " | ".join(f"{statistics.median(values[c]):.2f}" for c in columns)
+            medians = (statistics.median(r.get(c, 0.0) for r in group) for c in columns)
+            cells = " | ".join(f"{value:.2f}" for value in medians)
             lines.append(f"| {name} | {which} ({len(group)}) | {cells} |")
     return "\n".join(lines)
 

@@ -16,6 +16,7 @@ import pytest
 from htam_engine.evaluate import evaluate, runner, standby
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.paths import subdir
+from htam_engine.procs import stat_fields
 from htam_engine.task import load_task, with_policy, with_start
 
 pytestmark = pytest.mark.slow
@@ -115,8 +116,8 @@ def test_a_judge_started_ahead_for_a_task_serves_its_first_evaluation(
 
 
 def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+    fields = stat_fields(f"/proc/{pid}/stat")
+    return int(fields[11]) + int(fields[12])  # utime, stime
 
 
 def _waits_after_torch(pid: int) -> bool:

@@ -1,8 +1,8 @@
 """What the judge and its caller (`runner`) say to each other: typed both ways.
 
 The caller writes lines to the judge's stdin: its token first, then one command per
-phase (`PREPARE`, `JOB`, `VERIFY`, `TIME`). The judge answers each phase on stdout with one message
-below, a JSON object a line: the message's fields plus `"event": <its EVENT>` and the
+phase (`PREPARE`, `JOB`, `VERIFY`, `TIME`). The judge answers each phase on stdout with
+one message below, a JSON object a line: the message's fields plus `"event": <its EVENT>` and the
 caller's token (which `process.Child` checks and strips, stamping the line with its
 own clock as `_t`). A judge that stops says so with `Failed`, which `Child.wait_for`
 raises as a `Stop`. `encode` and `decode` are the only translation between the two.

@@ -100,9 +100,9 @@ def kept(task: Task) -> bool:
 
 def estimate(task: Task) -> Estimate:
     """The sizes of `task`'s problem as it will run (scaled, if it is)."""
-    kept = _kept_at(task)
+    path = _kept_at(task)
     try:
-        return Estimate(**json.loads(kept.read_text()))
+        return Estimate(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         pass
     box = Path(tempfile.mkdtemp(prefix="htam-sizes-"))
@@ -120,7 +120,7 @@ def estimate(task: Task) -> Estimate:
         return Estimate(None, None, "no estimate: the reference does not run on meta tensors")
     finally:
         shutil.rmtree(box, ignore_errors=True)
-    kept.write_text(json.dumps(result.__dict__))
+    path.write_text(json.dumps(result.__dict__))
     return result
 
 
