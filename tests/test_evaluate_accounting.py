@@ -1,5 +1,6 @@
 """The kernel's books (`accounting`): what a neighbour took is taken off, what the worker's
-own threads ran is not, and a task that came and went makes the books say nothing.
+own threads ran is not, a task that came and went makes the books say nothing, and the
+pages a call faulted in are counted.
 
 Real processes pinned to one core, read through /proc as the judge reads them."""
 
@@ -23,10 +24,12 @@ pytestmark = pytest.mark.skipif(
 
 CORE = min(os.sched_getaffinity(0))
 WORK_S = 0.3
+TOUCH_MB = 8
 # One target process on CORE: on each stdin line it works WORK_S, then prints "done".
 # alone: the main thread spins; helper: a thread started at once spins for ever and the
 # main thread yields to it while it "waits" (hiding work in the main thread's wait);
-# fork: a child process spins and exits during the call.
+# fork: a child process spins and exits during the call; touch: the call also fills
+# TOUCH_MB of fresh memory, kept.
 TARGET = f"""
 import os, sys, threading, time
 os.sched_setaffinity(0, {{{CORE}}})
@@ -38,7 +41,10 @@ def spin(seconds):
 if mode == "helper":
     threading.Thread(target=spin, args=(3600,), daemon=True).start()
 print("ready", flush=True)
+held = []
 for line in sys.stdin:
+    if mode == "touch":
+        held.append(bytearray({TOUCH_MB} << 20))
     end = time.monotonic() + {WORK_S}
     if mode == "fork":
         child = os.fork()
@@ -118,3 +124,12 @@ def test_a_process_that_came_and_went_leaves_the_books_silent() -> None:
         before, after = one_call(proc)
     assert before is not None and after is not None
     assert accounting.stolen_ms(before, after) is None
+
+
+def test_the_pages_a_call_faulted_in_are_counted() -> None:
+    pages = (TOUCH_MB << 20) // os.sysconf("SC_PAGE_SIZE")
+    with target("touch") as proc:
+        touched = accounting.faults(*one_call(proc))
+    with target("alone") as proc:
+        quiet = accounting.faults(*one_call(proc))
+    assert touched >= pages > 16 * max(quiet, 1), (touched, quiet)

@@ -13,6 +13,9 @@ process CPU clocks (which keep the time of threads that already exited), and a c
 during which any process or thread was created anywhere on the machine, or one of the
 tree ended, is charged its whole wall time, since a task that came and went between two
 reads is on no book the judge can see.
+
+The books also count the worker's page faults: a call that faulted in fresh memory
+(a process's first large allocations) is still warming up (`judging.Judge._warming`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from htam_engine import procs
+
 _CPUCLOCK_SCHED = 2  # a process's CPU clock id: ((~pid) << 3) | CPUCLOCK_SCHED
+_MINFLT = 7  # minflt in `procs.stat_fields` (field 10 of proc(5)'s stat)
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class Books:
     tree_cpu_ns: int  # on-CPU time of every process of the tree, exited threads included
     members: frozenset[int]
     last_pid: int  # the newest process or thread id on the machine
+    main_faults: int  # minor page faults of the worker's main process, all its threads
 
 
 def main_process(members: list[int]) -> int | None:
@@ -54,9 +61,10 @@ def read(main: int, members: list[int]) -> Books | None:
         )
         tree = sum(time.clock_gettime_ns((~pid << 3) | _CPUCLOCK_SCHED) for pid in members)
         last_pid = int(Path("/proc/loadavg").read_text().split()[-1])
-    except (OSError, ValueError):
+        faults = int(procs.stat_fields(f"/proc/{main}/stat")[_MINFLT])
+    except (OSError, ValueError, IndexError):
         return None
-    return Books(cpu, wait, tree, frozenset(members), last_pid)
+    return Books(cpu, wait, tree, frozenset(members), last_pid, faults)
 
 
 def stolen_ms(before: Books | None, after: Books | None) -> float | None:
@@ -68,3 +76,8 @@ def stolen_ms(before: Books | None, after: Books | None) -> float | None:
         return None
     own_others = (after.tree_cpu_ns - before.tree_cpu_ns) - (after.main_cpu_ns - before.main_cpu_ns)
     return max(0, after.main_wait_ns - before.main_wait_ns - own_others) / 1e6
+
+
+def faults(before: Books | None, after: Books | None) -> int:
+    """Minor page faults of the worker's main process between two readings (0 unknown)."""
+    return after.main_faults - before.main_faults if before and after else 0

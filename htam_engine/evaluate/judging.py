@@ -38,7 +38,13 @@ from htam_engine.evaluate.verdict import Check, sets_ahead
 
 Outputs = list[torch.Tensor]
 LATE_CHECK_S = 0.1  # how long after `done` a verified output is read again
-WARMUP = 2
+WARMUP = 2  # untimed pairs first, at least; more while a side still faults in fresh
+# memory (glibc's heap grows over a process's first calls of a large output: +4-60 ms a
+# 16 MB call, seen for the reference's first 5 timed pairs), up to WARMUP_MAX pairs and
+# WARMUP_MAX_S: a kernel that allocates afresh every call is timed so, on both sides
+WARMUP_MAX = 12
+WARMUP_MAX_S = 0.5
+WARMUP_FAULTS = 64  # pages (256 KiB) a warm call may fault in (a small buffer's)
 MIN_TRIALS = 10
 JUDGED_SHARE = 0.3  # of the timed calls, besides the last
 TIMING_BUDGET_S = 6.0  # past MIN_TRIALS, timing stops here even if not yet converged
@@ -174,6 +180,7 @@ class Call:
     mismatch: str
     stolen_ms: float = 0.0
     accounted: bool = False  # the kernel's books said what neighbours took
+    faults: int = 0  # minor page faults of the worker's main process (0: unknown)
 
     @property
     def own_ms(self) -> float:
@@ -183,15 +190,15 @@ class Call:
 def samples(
     calls: dict[str, list[Call]], trusted_marks: bool = True
 ) -> tuple[list[float], list[float], float]:
-    """Milliseconds per timed call (warm-up dropped), each call's time less what
-    neighbours took (the share of its wall time they held, `own_ms / wall_ms`).
+    """Milliseconds per timed call, each call's time less what neighbours took (the
+    share of its wall time they held, `own_ms / wall_ms`).
 
     The reference is charged its marked kernel time so scaled; the harness's share of a
     call (staging, copying the outputs out, waking up) is the median over the reference's
     calls of the rest, and the candidate is charged its own time less that share: work
     it defers past `done` is still counted. When the reference side's marks are not to
     be believed (it holds another candidate) both are charged their own time."""
-    reference = calls["reference"][WARMUP:]
+    reference = calls["reference"]
     if not (reference and trusted_marks):
         share, kernel = 0.0, [c.own_ms for c in reference]
     else:
@@ -199,20 +206,21 @@ def samples(
         share = statistics.median(c.own_ms - k for c, k in zip(reference, kernel, strict=True))
     return (
         [max(k, _FLOOR_MS) for k in kernel],
-        [max(c.own_ms - share, _FLOOR_MS) for c in calls["candidate"][WARMUP:]],
+        [max(c.own_ms - share, _FLOOR_MS) for c in calls["candidate"]],
         share,
     )
 
 
 def accounting_summary(calls: dict[str, list[Call]]) -> dict[str, float]:
     """What the neighbours took, for the verdict's conditions."""
-    timed = [c for role in ROLES for c in calls[role][WARMUP:]]
+    timed = [c for role in ROLES for c in calls[role]]
     if not timed:
         return {}
     return {
         "stolen_ms": sum(c.stolen_ms for c in timed),
         "stolen_share": sum(c.stolen_ms for c in timed) / max(sum(c.wall_ms for c in timed), 1e-9),
         "accounted_share": sum(c.accounted for c in timed) / len(timed),
+        "faulting_share": sum(c.faults > WARMUP_FAULTS for c in timed) / len(timed),
     }
 
 
@@ -446,9 +454,10 @@ class Judge:
         wall_ms = (float(marks[-1]["_t"]) - start) * 1e3
         stolen = accounting.stolen_ms(before, after)
         marked_ms = (done - staged) * 1e3
+        faults = accounting.faults(before, after)
         if stolen is None:
-            return Call(wall_ms, marked_ms, mismatch)
-        return Call(wall_ms, marked_ms, mismatch, min(stolen, wall_ms), accounted=True)
+            return Call(wall_ms, marked_ms, mismatch, faults=faults)
+        return Call(wall_ms, marked_ms, mismatch, min(stolen, wall_ms), True, faults)
 
     def _policy(self, side: Side, ran: tasks.Observed) -> None:
         """The thread and core policy, seen from outside: no more tasks ran during the
@@ -593,8 +602,10 @@ class Judge:
     # timing ---------------------------------------------------------------------------
     def time_all(self) -> tuple[list[float], list[float], float]:
         """Reference and candidate calls on the same fresh inputs, alternating which goes
-        first; a call may take `CALL_LIMIT_FACTOR` times the reference's median (so a
-        hanging candidate holds the timing lock seconds, not the phase limit)."""
+        first, after untimed warm-up pairs (`_warming`); a call may take
+        `CALL_LIMIT_FACTOR` times the reference's median (so a hanging candidate holds the
+        timing lock seconds, not the phase limit)."""
+        warm: dict[str, list[Call]] = {role: [] for role in ROLES}
         calls: dict[str, list[Call]] = {role: [] for role in ROLES}
         self.ahead.stop()
         if self.device.type == "cpu":  # one core for both: a neighbour slows both alike
@@ -605,19 +616,19 @@ class Judge:
         started = time.monotonic()
         budget = started + min(TIMING_BUDGET_S, self.job["time_s"] * 0.8)
         items = self.out_items[0]
-        for k in range(WARMUP + self.job["max_trials"]):
-            final = self._enough(calls, k, started, budget)
+        for k in range(WARMUP_MAX + self.job["max_trials"]):
+            warming = not calls["reference"] and self._warming(warm, started)
+            final = not warming and self._enough(calls, started, budget)
             inputs, seed = self.ahead.take(), _rng.randrange(2**63)
-            judged = final or _rng.random() < JUDGED_SHARE
+            judged = final or (not warming and _rng.random() < JUDGED_SHARE)
             got: dict[str, Outputs] = {}
             for role in ROLES if k % 2 == 0 else ROLES[::-1]:
-                made = self.call(
-                    self.sides[role], inputs, items, self._limit(calls), seed, policed=k >= WARMUP
-                )
+                limit = self._limit(warm["reference"] + calls["reference"])
+                made = self.call(self.sides[role], inputs, items, limit, seed, policed=not warming)
                 if made.mismatch:
                     self.timing.fail("timing.outputs", f"timed call {k + 1}", made.mismatch)
                     judged = False
-                calls[role].append(made)
+                (warm if warming else calls)[role].append(made)
                 if judged:
                     got[role] = self.outputs(self.sides[role], items)
             if judged:
@@ -634,22 +645,38 @@ class Judge:
         self.accounting = {
             **accounting_summary(calls),
             **{f"{name}_seen": float(count) for name, count in self.observed.items()},
+            "warmup_pairs": float(len(warm["reference"])),
         }
         return samples(calls, trusted_marks=not self.compare)
 
-    def _limit(self, calls: dict[str, list[Call]]) -> float:
-        if not calls["reference"]:
+    @staticmethod
+    def _warming(warm: dict[str, list[Call]], started: float) -> bool:
+        """Whether the next pair is warm-up too: fewer than WARMUP so far, or a side
+        faulted in fresh memory in either of the last two pairs (a heap grows in fits:
+        one clean call among faulting ones is common), while WARMUP_MAX pairs and
+        WARMUP_MAX_S last."""
+        done = len(warm["reference"])
+        if done < WARMUP:
+            return True
+        if done >= WARMUP_MAX or time.monotonic() - started > WARMUP_MAX_S:
+            return False
+        return any(c.faults > WARMUP_FAULTS for made in warm.values() for c in made[-2:])
+
+    def _limit(self, reference: list[Call]) -> float:
+        """A call's time limit from the reference's calls so far."""
+        if not reference:
             return float(self.job["time_s"])
-        median_s = statistics.median(c.wall_ms for c in calls["reference"]) / 1e3
+        median_s = statistics.median(c.wall_ms for c in reference) / 1e3
         return max(CALL_LIMIT_FLOOR_S, CALL_LIMIT_FACTOR * median_s)
 
-    def _enough(self, calls: dict[str, list[Call]], k: int, started: float, budget: float) -> bool:
-        """Whether call `k` is the last: past the minimum of trials and of time, the
-        paired speedup's 95 % interval is narrow enough (`job["target_half_width"]`) or
-        the time budget is spent; or the trial cap is reached."""
-        if k + 1 >= WARMUP + self.job["max_trials"]:
+    def _enough(self, calls: dict[str, list[Call]], started: float, budget: float) -> bool:
+        """Whether the next pair is the last: past the minimum of trials and of time (its
+        warm-up included), the paired speedup's 95 % interval is narrow enough
+        (`job["target_half_width"]`) or the time budget is spent; or the trial cap is
+        reached."""
+        done = min(len(c) for c in calls.values())
+        if done + 1 >= self.job["max_trials"]:
             return True
-        done = min(len(c) for c in calls.values()) - WARMUP
         if done < MIN_TRIALS or time.monotonic() - started < MIN_TIMING_S:
             return False
         if time.monotonic() > budget:
