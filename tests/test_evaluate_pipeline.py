@@ -1,6 +1,7 @@
 """The whole evaluation pipeline on CPU, with real compiled candidates and real processes."""
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from htam_engine import stats
 from htam_engine.evaluate import Limits, evaluate
 from htam_engine.task import load_task
 
@@ -66,6 +68,29 @@ def test_repeated_cli_eval_answers_from_cache_in_under_a_second():
     assert evaluate(loaded, loaded.impl_source or "", device="cpu").cached
     assert time.monotonic() - in_process < 1.0
     assert time.monotonic() - start < 10  # interpreter start included
+
+
+def test_cli_eval_asked_a_question_stops_once_its_interval_decides_it(tmp_path: Path):
+    """`--decide 1` on a softmax whose calls also sleep 0-50 ms at random: its pairs do not
+    narrow to 5 % in 20 (without a question it times until its 6 s budget), yet it is so
+    far below 1x that 20 pairs decide it."""
+    folder = tmp_path / "softmax"
+    shutil.copytree(SOFTMAX.parent, folder)
+    head = "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+    jitter = "        __import__('time').sleep(__import__('random').random() * 0.05)\n"
+    jittery = folder / "jittery.py"
+    jittery.write_text(SOFTMAX.read_text().replace(head, head + jitter))
+    command = [sys.executable, "-m", "htam_engine.cli", "eval", str(jittery), str(jittery)]
+    done = subprocess.run(command + ["--decide", "1", "--json"], capture_output=True, text=True)
+    verdict = json.loads(done.stdout)
+    assert verdict["correct"], done.stderr
+    assert verdict["spread"]["decided_at"] == 1.0 and verdict["converged"]
+    assert verdict["interval"]["high"] < 1.0
+    assert stats.DECIDE_MIN_PAIRS <= verdict["interval"]["pairs"] < 2 * stats.DECIDE_MIN_PAIRS
+    again = subprocess.run(command, capture_output=True, text=True)  # the cache answers
+    assert f"decided below 1x after {verdict['interval']['pairs']} pairs" in again.stderr
+    refused = subprocess.run(command + ["--decide", "0"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "a speedup is a number above 0" in refused.stderr
 
 
 @pytest.mark.parametrize(

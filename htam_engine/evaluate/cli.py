@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,11 @@ ALLOW_TORCH_HELP = (
     "without the candidate being not_custom_kernel; replaces htam.toml's "
     "[policy] allow_torch ('none': nothing)"
 )
+DECIDE_HELP = (
+    "stop timing as soon as the speedup's 95 %% interval lies wholly above or below "
+    "SPEEDUP (1: is it faster than the reference?): an answer in fewer pairs, its "
+    "interval wider than the 5 %% a plain timing narrows to"
+)
 SCALE_HELP = (
     f"shrink the problem: multiply its module-level sizes named {', '.join(SCALED_SIZES)} "
     "by F (0 < F <= 1), for problems too large for this machine"
@@ -47,9 +53,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     parser.add_argument("--json", action="store_true", help="print one JSON verdict on stdout")
     parser.add_argument("--no-cache", action="store_true", help="evaluate even if cached")
+    parser.add_argument("--decide", type=_speedup, metavar="SPEEDUP", help=DECIDE_HELP)
     add_baseline_argument(parser)
     add_policy_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def _speedup(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"a speedup is a number above 0, not {text!r}")
+    return value
 
 
 def add_baseline_argument(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +87,7 @@ def _human(verdict: Verdict) -> str:
         return f"{text}\n{error.excerpt}" if error.excerpt else text
     if verdict.runtime_ms is None:  # correct, not timed (Triton's interpreter)
         return f"correct on {verdict.inputs_checked} input sets; {verdict.note}" + _notes(verdict)
-    speed = f"{verdict.speedup:.3f}x" if verdict.speedup else "?"
+    speed = _speed(verdict)
     flag = " (suspect: review before trusting)" if verdict.suspect else ""
     reference = f"{verdict.ref_runtime_ms:.4f}" if verdict.ref_runtime_ms is not None else "?"
     return (
@@ -79,6 +96,20 @@ def _human(verdict: Verdict) -> str:
         + (" [cached]" if verdict.cached else "")
         + _notes(verdict)
     )
+
+
+def _speed(verdict: Verdict) -> str:
+    """The speedup, with its interval, and the question it decided (`--decide`)."""
+    from htam_engine.report import format_bounded
+
+    interval = verdict.interval
+    if interval is None:
+        return f"{verdict.speedup:.3f}x" if verdict.speedup else "?"
+    text = format_bounded(interval.estimate, (interval.low, interval.high))
+    if (threshold := verdict.spread.get("decided_at")) is None:
+        return text
+    where = "above" if interval.estimate > threshold else "below"
+    return f"{text}, decided {where} {threshold:g}x after {interval.pairs} pairs"
 
 
 def _notes(verdict: Verdict) -> str:
@@ -118,7 +149,12 @@ def run(args: argparse.Namespace) -> int:
         runner.start_ahead(task, args.device, held=True)
     sizes.refuse_if_too_large(task, args.device)
     verdict = evaluate(
-        task, candidate, device=args.device, use_cache=not args.no_cache, baseline=args.baseline
+        task,
+        candidate,
+        device=args.device,
+        use_cache=not args.no_cache,
+        baseline=args.baseline,
+        decide=args.decide,
     )
     if args.json:
         json.dump(verdict.to_json(), sys.stdout)
