@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from htam_engine import stats
 from htam_engine.errors import UserError
 from htam_engine.evaluate.verdict import Verdict
 from htam_engine.machine import DEVICE_CHOICES
@@ -108,7 +109,7 @@ def _speed(verdict: Verdict) -> str:
     text = format_bounded(interval.estimate, (interval.low, interval.high))
     if (threshold := verdict.spread.get("decided_at")) is None:
         return text
-    where = "above" if interval.estimate > threshold else "below"
+    where = "above" if stats.decided(interval, threshold) > 0 else "below"
     return f"{text}, decided {where} {threshold:g}x after {interval.pairs} pairs"
 
 

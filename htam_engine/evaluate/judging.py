@@ -457,7 +457,9 @@ class Judge:
         faults = accounting.faults(before, after)
         if stolen is None:
             return Call(wall_ms, marked_ms, mismatch, faults=faults)
-        return Call(wall_ms, marked_ms, mismatch, min(stolen, wall_ms), True, faults)
+        return Call(
+            wall_ms, marked_ms, mismatch, min(stolen, wall_ms), accounted=True, faults=faults
+        )
 
     def _policy(self, side: Side, ran: tasks.Observed) -> None:
         """The thread and core policy, seen from outside: no more tasks ran during the
