@@ -235,7 +235,7 @@ class VSCode:
         return str(hover.first.inner_text())
 
     def wait_preview(self, text: str) -> None:
-        """Waits until a Markdown preview (a webview frame) shows `text`."""
+        """Waits until the HTAM view (a webview frame) shows `text`."""
         deadline = time.monotonic() + 30
         while not any(self._frame_has(frame, text) for frame in self.page.frames):
             if time.monotonic() > deadline:
@@ -243,7 +243,7 @@ class VSCode:
             time.sleep(0.5)
 
     def preview_image_width(self, alt: str) -> int:
-        """The natural width of the image `alt` once a Markdown preview has loaded it."""
+        """The natural width of the image `alt` once the HTAM view has loaded it."""
         from playwright.sync_api import Error
 
         script = (
@@ -465,7 +465,7 @@ def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
             break
     else:
         raise AssertionError(f"{WIN_ATTEMPTS} steps found nothing faster\n{vscode.htam_log()}")
-    # The results view: the trajectory and the engine's speedup plot, in the Markdown preview.
+    # The results view: the trajectory and the engine's speedup plot, in the HTAM view.
     vscode.go_to_kernel()
     vscode.palette("HTAM: Show Results")
     vscode.wait_preview("HTAM results")

@@ -111,9 +111,9 @@ export function plotOf(result: unknown): string | undefined {
 }
 
 /**
- * `markdown` with its plot image inlined as a data URI: the Markdown preview shows it in
- * any window, remote ones (code-server) included, where a file: link outside the
- * workspace is not a resource the preview may load.
+ * `markdown` with its plot image inlined as a data URI: the HTAM view shows it in any
+ * window, remote ones (code-server) included, where a file: link is not a resource the
+ * view may load.
  */
 export function withInlinePlot(markdown: string, png: Uint8Array): string {
   const data = `data:image/png;base64,${Buffer.from(png).toString("base64")}`;
