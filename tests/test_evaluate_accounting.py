@@ -1,6 +1,6 @@
 """The kernel's books (`accounting`): what a neighbour took is taken off, what the worker's
-own threads ran is not, a task that came and went makes the books say nothing, and the
-pages a call faulted in are counted.
+own threads ran is not, no call is charged less than its own CPU time, a task that came
+and went makes the books say nothing, and the pages a call faulted in are counted.
 
 Real processes pinned to one core, read through /proc as the judge reads them."""
 
@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 
@@ -74,20 +75,25 @@ def target(mode: str) -> Iterator[subprocess.Popen[str]]:
         proc.wait()
 
 
-def one_call(proc: subprocess.Popen[str]) -> tuple[accounting.Books | None, ...]:
-    """The books around one call of `proc` (a task another test process starts may
-    spoil one reading: three tries)."""
+Reading = tuple[accounting.Books | None, accounting.Books | None, float]
+
+
+def one_call(proc: subprocess.Popen[str]) -> Reading:
+    """The books around one call of `proc`, and its wall time in ms (a task another test
+    process starts may spoil one reading: three tries)."""
     assert proc.stdin is not None and proc.stdout is not None
-    readings: tuple[accounting.Books | None, ...] = ()
+    reading: Reading = (None, None, 0.0)
     for _ in range(3):
         before = accounting.read(proc.pid, [proc.pid])
+        start = time.perf_counter()
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "done"
-        readings = (before, accounting.read(proc.pid, [proc.pid]))
-        if accounting.stolen_ms(*readings) is not None:
+        wall_ms = (time.perf_counter() - start) * 1e3
+        reading = (before, accounting.read(proc.pid, [proc.pid]), wall_ms)
+        if accounting.stolen_ms(*reading) is not None:
             break
-    return readings
+    return reading
 
 
 @contextmanager
@@ -104,32 +110,47 @@ def neighbour() -> Iterator[None]:
 
 def test_what_a_neighbour_ran_is_taken_off() -> None:
     with target("alone") as proc, neighbour():
-        before, after = one_call(proc)
-    stolen = accounting.stolen_ms(before, after)
+        before, after, wall_ms = one_call(proc)
+    stolen = accounting.stolen_ms(before, after, wall_ms)
     assert stolen is not None and stolen > 0.25 * WORK_S * 1e3, stolen
+    assert before is not None and after is not None
+    own_ms = (after.tree_cpu_ns - before.tree_cpu_ns) / 1e6
+    assert wall_ms - stolen >= own_ms, "charged less than the CPU time it ran"
 
 
 def test_work_hidden_in_the_workers_own_threads_is_still_charged() -> None:
     with target("helper") as proc:
-        before, after = one_call(proc)
+        before, after, wall_ms = one_call(proc)
     assert before is not None and after is not None
     waited_ms = (after.main_wait_ns - before.main_wait_ns) / 1e6
     assert waited_ms > 0.25 * WORK_S * 1e3, "the main thread waited while its helper ran"
-    stolen = accounting.stolen_ms(before, after)
+    stolen = accounting.stolen_ms(before, after, wall_ms)
     assert stolen is not None and stolen < 0.1 * WORK_S * 1e3, (stolen, waited_ms)
+
+
+def test_a_wait_counted_outside_the_call_takes_off_no_more_than_the_call_did_not_run() -> None:
+    """The books are read before the worker is woken: a wait behind a neighbour on
+    waking, before `go`, is on them too. A 4 ms call that ran 3 ms of its own, whose
+    main thread the books say waited 5 ms, is charged its 3 ms, not nothing."""
+    ms = 1_000_000
+    before = accounting.Books(10 * ms, 20 * ms, 10 * ms, frozenset({7}), 99, 0)
+    after = replace(before, main_cpu_ns=13 * ms, main_wait_ns=25 * ms, tree_cpu_ns=13 * ms)
+    assert accounting.stolen_ms(before, after, wall_ms=4.0) == pytest.approx(1.0)
+    assert accounting.stolen_ms(before, after, wall_ms=20.0) == pytest.approx(5.0)
+    assert accounting.stolen_ms(before, after, wall_ms=2.0) == 0.0, "never below nothing"
 
 
 def test_a_process_that_came_and_went_leaves_the_books_silent() -> None:
     with target("fork") as proc:
-        before, after = one_call(proc)
+        before, after, wall_ms = one_call(proc)
     assert before is not None and after is not None
-    assert accounting.stolen_ms(before, after) is None
+    assert accounting.stolen_ms(before, after, wall_ms) is None
 
 
 def test_the_pages_a_call_faulted_in_are_counted() -> None:
     pages = (TOUCH_MB << 20) // os.sysconf("SC_PAGE_SIZE")
     with target("touch") as proc:
-        touched = accounting.faults(*one_call(proc))
+        touched = accounting.faults(*one_call(proc)[:2])
     with target("alone") as proc:
-        quiet = accounting.faults(*one_call(proc))
+        quiet = accounting.faults(*one_call(proc)[:2])
     assert touched >= pages > 16 * max(quiet, 1), (touched, quiet)

@@ -67,15 +67,23 @@ def read(main: int, members: list[int]) -> Books | None:
     return Books(cpu, wait, tree, frozenset(members), last_pid, faults)
 
 
-def stolen_ms(before: Books | None, after: Books | None) -> float | None:
-    """Milliseconds neighbours held the CPU while the main thread waited for it; None
-    when the books cannot say (then the call is charged its whole wall time)."""
+def stolen_ms(before: Books | None, after: Books | None, wall_ms: float) -> float | None:
+    """Milliseconds neighbours held the CPU while the main thread waited for it during a
+    call of `wall_ms`; None when the books cannot say (then the call is charged its whole
+    wall time).
+
+    At most the part of the wall time the worker's own tree did not run: the books are
+    read around the call, not at its ends, so a wait they count just outside it (queued
+    behind a neighbour on waking before `go`) could otherwise take off more than the
+    neighbours held during it; no call is charged less than the CPU time it ran."""
     if before is None or after is None:
         return None
     if before.members != after.members or before.last_pid != after.last_pid:
         return None
-    own_others = (after.tree_cpu_ns - before.tree_cpu_ns) - (after.main_cpu_ns - before.main_cpu_ns)
-    return max(0, after.main_wait_ns - before.main_wait_ns - own_others) / 1e6
+    own_ns = after.tree_cpu_ns - before.tree_cpu_ns
+    own_others = own_ns - (after.main_cpu_ns - before.main_cpu_ns)
+    waited_ms = max(0, after.main_wait_ns - before.main_wait_ns - own_others) / 1e6
+    return min(waited_ms, max(0.0, wall_ms - own_ns / 1e6))
 
 
 def faults(before: Books | None, after: Books | None) -> int:

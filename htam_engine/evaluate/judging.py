@@ -452,14 +452,12 @@ class Judge:
             raise Stop("reference_error", f"the reference returned {mismatch}"[:600])
         staged, done = (_stamp(mark) for mark in marks[:2])
         wall_ms = (float(marks[-1]["_t"]) - start) * 1e3
-        stolen = accounting.stolen_ms(before, after)
+        stolen = accounting.stolen_ms(before, after, wall_ms)
         marked_ms = (done - staged) * 1e3
         faults = accounting.faults(before, after)
         if stolen is None:
             return Call(wall_ms, marked_ms, mismatch, faults=faults)
-        return Call(
-            wall_ms, marked_ms, mismatch, min(stolen, wall_ms), accounted=True, faults=faults
-        )
+        return Call(wall_ms, marked_ms, mismatch, stolen, accounted=True, faults=faults)
 
     def _policy(self, side: Side, ran: tasks.Observed) -> None:
         """The thread and core policy, seen from outside: no more tasks ran during the
