@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     display = _Display(console, args.events, args.steps)
     name = provider.name if provider else "offline"
     display.emit(events.Start(task.name, args.steps, name, why, args.device))
-    refuse_if_too_large(task, args.device)  # a torch subprocess: after the first event
+    refuse_if_too_large(task, args.device)  # a first one starts a judge: after the first event
     optimizer = Optimizer(
         task,
         start_source,

@@ -43,7 +43,7 @@ WORKER_ENV = (
     "TORCH_CUDA_ARCH_LIST",
     "MAX_JOBS",
 )
-# What HTAM's own trusted children (the judge, the size estimate that imports a reference
+# What HTAM's own trusted children (the judge, the roofline's count that imports a reference
 # outside the sandbox) need besides: where Python finds HTAM, where HTAM keeps its data,
 # temporary space, and the settings of torch, Triton, the CUDA libraries and coverage.
 TRUSTED_ENV = (
@@ -120,7 +120,7 @@ def scrubbed_env(
 
 
 def trusted_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a trusted child of HTAM's own (the judge, the size estimate):
+    """The environment of a trusted child of HTAM's own (the judge, the roofline's count):
     what it needs to find HTAM, its data and the GPU libraries, and no credentials."""
     return scrubbed_env(TRUSTED_ENV, TRUSTED_PREFIXES, environ)
 

@@ -1,6 +1,7 @@
 """Sizes: a problem at KernelBench's real size (19_ReLU: a 6.4 GB input) is refused before
 anything runs, with the estimate, the limit and a `--scale` that fits; scaled, it runs and
-the verdict says it was scaled. The sweep hands the policy and the scale to every problem."""
+the verdict says it was scaled. The judge that sizes a problem says what it could not size,
+and the sweep hands the policy and the scale to every problem."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from htam_engine import sweep
 from htam_engine.errors import UserError
-from htam_engine.task import load_task, scale_reference, with_policy
+from htam_engine.evaluate import runner, standby
+from htam_engine.evaluate.protocol import Sized
+from htam_engine.paths import subdir
+from htam_engine.task import Task, load_task, scale_reference, with_policy
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sizes"
 KERNEL = FIXTURES / "relu_kernel.py"
@@ -43,6 +48,66 @@ def test_scaled_down_it_runs_and_the_verdict_says_so() -> None:
     assert verdict["error"] is None, verdict["error"]
     assert verdict["correct"]
     assert verdict["scaled"] == {"factor": 0.001, "sizes": {"batch_size": [4096, 4]}}
+
+
+FIXED = "[torch.randn(64, 256)]"
+
+
+@pytest.fixture
+def spare() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        standby._SPARE.release()
+
+
+def _problem(
+    tmp_path: Path, inputs: str = FIXED, forward: str = "torch.relu(x)", top: str = ""
+) -> Task:
+    path = tmp_path / "reference.py"
+    path.write_text(
+        f"{top}import torch\n\n\nclass Model(torch.nn.Module):\n"
+        f"    def forward(self, x):\n        return {forward}\n\n\n"
+        f"def get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+    return load_task(path)
+
+
+def test_the_judge_a_warm_process_started_sizes_its_problem_before_its_job(
+    tmp_path: Path, spare: None
+) -> None:
+    """The language server's process started ahead (`htam_engine.warm`) has a judge that
+    prepared its inputs: asked, it still sizes the problem, and is the one to serve it."""
+    task = _problem(tmp_path)
+    runner.start_ahead(task, "cpu")
+    ahead = standby._SPARE.started
+    assert ahead is not None
+    assert runner.size_problem(task, "cpu") == Sized(64 * 256 * 4, 64 * 256 * 4)
+    assert standby._SPARE.started is ahead and ahead.judge.popen.poll() is None
+
+
+@pytest.mark.parametrize(
+    ("code", "inputs", "outputs", "why"),
+    [
+        ({"inputs": "[torch.randn(int(torch.randint(60, 70, ()).item()))]"}, None, None,
+         "no estimate: the reference does not run on meta tensors"),
+        ({"forward": "x * x.abs().max().item()"}, 64 * 256 * 4, None, "outputs unknown"),
+        ({"top": "import os\nos._exit(3)\n"}, None, None,
+         "no estimate: the judge failed during sizing"),
+    ],
+    ids=["sizes-from-data", "forward-needs-values", "judge-killed"],
+)  # fmt: skip
+def test_what_the_judge_cannot_size_stays_unknown_and_says_why(
+    tmp_path: Path, spare: None, code: dict, inputs: int | None, outputs: int | None, why: str
+) -> None:
+    """Nothing is refused on a guess: a size meta tensors cannot give is None with the
+    reason, and a judge the reference killed is gone with its folder."""
+    sized = runner.size_problem(_problem(tmp_path, **code), "cpu")
+    assert (sized.inputs, sized.outputs) == (inputs, outputs)
+    assert sized.why.startswith(why), sized.why
+    alive = standby._SPARE.started is not None
+    assert alive == (code.get("top") is None), "the judge that sized it waits for its job"
+    assert alive or not any(subdir("jobs").iterdir()), "a killed judge's folder is gone"
 
 
 def test_scale_shrinks_only_batch_like_module_sizes() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from htam_engine.evaluate import evaluate, runner, standby
+from htam_engine.evaluate.protocol import Sized
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.paths import subdir
 from htam_engine.procs import stat_fields
@@ -130,13 +131,13 @@ def _waits_after_torch(pid: int) -> bool:
 def test_a_held_judge_makes_no_inputs_until_an_evaluation_takes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`htam eval` starts the judge beside the problem's first size estimate, held: its
-    workers and torch import run, its input sets (memory the estimate may refuse) wait
-    for the evaluation that takes it, which no other judge serves (without `keep_warm`,
-    none follows)."""
+    """A problem's first size estimate (`htam eval`, `htam optimize`) starts the judge its
+    evaluation takes, held: it sizes the problem on meta tensors, beside its workers'
+    start, and its input sets (memory the estimate may refuse) wait for the evaluation
+    that takes it, which no other judge serves (without `keep_warm`, none follows)."""
     path = FIXTURES / "correct.py"
     task = with_start(with_policy(load_task(path)), path)
-    runner.start_ahead(task, "cpu", held=True)
+    assert runner.size_problem(task, "cpu") == Sized(64 * 256 * 4, 64 * 256 * 4)
     held = _spare()
     try:
         for _ in range(120):  # its torch import: up to a minute on a busy CI

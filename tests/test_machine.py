@@ -127,7 +127,7 @@ def test_a_worker_environment_is_the_allowlist_and_the_sandbox_own(monkeypatch, 
     assert not [name for name in env if name.startswith("HTAM_")]
 
 
-def test_the_judge_and_the_size_estimate_get_the_trusted_env(monkeypatch):
+def test_the_judge_gets_the_trusted_env(monkeypatch):
     from htam_engine.evaluate import standby
 
     for name, value in SECRETS.items():

@@ -63,7 +63,7 @@ def test_killing_htam_eval_leaves_no_process_and_no_job_folder(htam_home, signum
     caller = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     workers = lambda: [p for p in processes_mentioning(str(htam_home)) if p != caller.pid]  # noqa: E731
     jobs = lambda: processes_mentioning(str(htam_home / "jobs"))  # noqa: E731
-    try:  # the judge, both reapers and their workers (not the size estimate before them)
+    try:  # the judge (it sizes the problem first), both reapers and their workers
         assert wait_until(lambda: len(jobs()) >= 5, 90), "the evaluation never started"
         time.sleep(1.0)  # the candidate is now inside its hanging call
         caller.send_signal(signum)

@@ -182,6 +182,7 @@ def test_an_unknown_error_kind_is_refused() -> None:
 @pytest.mark.parametrize(
     "message",
     [
+        protocol.Sized(16777216, None, "outputs unknown (RuntimeError)"),
         protocol.Compiled("bwrap"),
         protocol.Verified([Check("output.values", False, "set 2: max error 0.3")], 3),
         protocol.Timing(),

@@ -136,7 +136,7 @@ def _notes(verdict: Verdict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from htam_engine.evaluate import evaluate, runner, sizes
+    from htam_engine.evaluate import evaluate, sizes
 
     task = with_policy(load_task(args.task), args.allow_torch, args.scale)
     try:
@@ -145,10 +145,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot read candidate {args.candidate}: {error}") from None
     if task.impl_path is None or task.impl_path.resolve() != args.candidate.resolve():
         task = _with_candidate(task, args.candidate, candidate)
-    if not sizes.kept(task):  # the problem's first estimate (seconds): the judge starts
-        # beside it, held before its input sets (memory the estimate may refuse)
-        runner.start_ahead(task, args.device, held=True)
-    sizes.refuse_if_too_large(task, args.device)
+    sizes.refuse_if_too_large(task, args.device)  # a first one: by the judge, started held
     verdict = evaluate(
         task,
         candidate,

@@ -143,7 +143,8 @@ def _die_cleanly(jobdir: Path, sides: dict[str, Side]) -> None:
 def main(jobdir: Path) -> None:
     """Start both workers from `standby.json` at once and, once the caller says
     `prepare`, the reference's side; then wait for the caller's `job` line: a judge can
-    stand by, ready, before its candidate exists (`standby`); it serves one job and ends."""
+    stand by, ready, before its candidate exists (`standby`); it serves one job and ends.
+    Before the job it sizes the problem whenever asked (`protocol.SIZE`)."""
     token = sys.stdin.readline().strip()
     libc = ctypes.CDLL(None)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)  # orphans of the workers come back to us
@@ -155,22 +156,22 @@ def main(jobdir: Path) -> None:
         sides.update((role, Side(role, jobdir, standby)) for role in ROLES)
         from htam_engine.evaluate.judging import Judge  # torch, beside the workers' imports
 
-        if sys.stdin.readline().strip() != protocol.PREPARE:
+        if _command(token, jobdir) != protocol.PREPARE:
             raise SystemExit(0)
         with _reference_code("preparing the inputs"):
             judge = Judge(jobdir, standby, token, sides)
             judge.prepare()
-        if sys.stdin.readline().strip() != protocol.JOB:
+        if _command(token, jobdir) != protocol.JOB:
             raise SystemExit(0)
         judge.take(json.loads((jobdir / "job.json").read_text()))
         judge.run()
     except SystemExit:
         pass
     except Stop as stop:
-        _fail(token, protocol.Failed(stop.kind, stop.message, stop.log, stop.line))
+        _say(token, protocol.Failed(stop.kind, stop.message, stop.log, stop.line))
     except Exception as error:  # this side's own failure: no candidate is judged by it
         message = f"the judge failed: {type(error).__name__}: {error}"[:600]
-        _fail(token, protocol.Failed("evaluator_error", message))
+        _say(token, protocol.Failed("evaluator_error", message))
     finally:
         _close(sides)
 
@@ -187,8 +188,17 @@ def _reference_code(doing: str) -> Iterator[None]:
         raise Stop("reference_error", message) from None
 
 
-def _fail(token: str, failed: protocol.Failed) -> None:
-    print(json.dumps({**protocol.encode(failed), "token": token}), flush=True)
+def _command(token: str, jobdir: Path) -> str:
+    """The caller's next command, each `SIZE` before it answered on the way."""
+    from htam_engine.evaluate.judging import sizes_on_meta
+
+    while (command := sys.stdin.readline().strip()) == protocol.SIZE:
+        _say(token, sizes_on_meta(jobdir / "reference.py"))
+    return command
+
+
+def _say(token: str, message: protocol.Message) -> None:
+    print(json.dumps({**protocol.encode(message), "token": token}), flush=True)
 
 
 def _cap_memory(job: dict[str, Any]) -> None:

@@ -767,6 +767,30 @@ def _imprecise(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor) -> str
     )
 
 
+def sizes_on_meta(path: Path) -> protocol.Sized:
+    """The bytes of one input set of the reference at `path` and of its outputs, run on
+    meta tensors (nothing allocated): what the caller needs to refuse a problem too large
+    before any input set exists. The reference's failure here only leaves a size unknown
+    (its evaluation reports it)."""
+    try:
+        with torch.device("meta"):
+            module = common.import_file("htam_reference_sizes", path)
+            inputs = list(module.get_inputs())
+    except Exception as error:
+        why = f"no estimate: the reference does not run on meta tensors ({type(error).__name__})"
+        return protocol.Sized(None, None, why)
+    try:
+        with torch.device("meta"), torch.no_grad():
+            outputs = _as_list(module.Model(*module.get_init_inputs())(*inputs))
+    except Exception as error:  # a forward meta tensors cannot run
+        return protocol.Sized(_bytes(inputs), None, f"outputs unknown ({type(error).__name__})")
+    return protocol.Sized(_bytes(inputs), _bytes(outputs))
+
+
+def _bytes(values: list[Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
 def _well_formed(check: Any) -> bool:
     return (
         isinstance(check, dict)

@@ -1,7 +1,8 @@
 """What the judge and its caller (`runner`) say to each other: typed both ways.
 
 The caller writes lines to the judge's stdin: its token first, then one command per
-phase (`PREPARE`, `JOB`, `VERIFY`, `TIME`). The judge answers each phase on stdout with
+phase (`PREPARE`, `JOB`, `VERIFY`, `TIME`), and `SIZE` whenever it likes before `JOB`.
+The judge answers each phase on stdout with
 one message below, a JSON object a line: the message's fields plus `"event": <its EVENT>` and the
 caller's token (which `process.Child` checks and strips, stamping the line with its
 own clock as `_t`). A judge that stops says so with `Failed`, which `Child.wait_for`
@@ -22,6 +23,18 @@ PREPARE = "prepare"  # make the input sets (a caller may hold this while it size
 JOB = "job"  # job.json is written: take it (a judge may stand by before its job exists)
 VERIFY = "verify"
 TIME = "time"
+SIZE = "size"  # any number of times before JOB: the problem's sizes (`Sized`), made nothing
+
+
+@dataclass(frozen=True)
+class Sized:
+    """The bytes of one input set and of its outputs, from the reference run on meta
+    tensors (None: unknown, `why`)."""
+
+    EVENT: ClassVar[str] = "sized"
+    inputs: int | None
+    outputs: int | None
+    why: str = ""
 
 
 class ProtocolError(ValueError):
@@ -78,8 +91,8 @@ class Failed:
     line: int | None = None
 
 
-Message = Compiled | Verified | Timing | Timed | Failed
-M = TypeVar("M", Compiled, Verified, Timing, Timed, Failed)
+Message = Sized | Compiled | Verified | Timing | Timed | Failed
+M = TypeVar("M", Sized, Compiled, Verified, Timing, Timed, Failed)
 _CHECKED = {"checks"}  # fields that are lists of `Check`
 # how a decoded field of each annotated type is checked (annotations are strings here)
 _AS: dict[str, Any] = {

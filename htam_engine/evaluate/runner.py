@@ -258,14 +258,24 @@ def run_candidate(
     return verdict
 
 
-def start_ahead(
-    task: Task, device: str = "auto", limits: Limits | None = None, held: bool = False
-) -> None:
+def start_ahead(task: Task, device: str = "auto", limits: Limits | None = None) -> None:
     """Start now the judge the next evaluation of `task` on `device` takes (`standby`):
-    its workers and, unless `held` (until that evaluation), its input sets and expected
-    outputs."""
+    its workers, its input sets and expected outputs."""
+    standby.prefill(_ahead_of(task, device, limits), task.reference_source)
+
+
+def size_problem(
+    task: Task, device: str = "auto", limits: Limits | None = None, limit_s: float = 120.0
+) -> protocol.Sized:
+    """`task`'s sizes, measured by the judge that the next evaluation of `task` on `device`
+    takes (`standby.size`; started now and held when none waits, so the caller can refuse
+    the problem before any input set is made)."""
+    return standby.size(_ahead_of(task, device, limits), task.reference_source, limit_s)
+
+
+def _ahead_of(task: Task, device: str, limits: Limits | None) -> dict[str, Any]:
     resolved = machine.resolve_device(device, task.backend)
-    standby.prefill(_ahead(task, resolved, limits or Limits()), task.reference_source, held)
+    return _ahead(task, resolved, limits or Limits())
 
 
 def _keep_builds(verdict: Verdict, boxes: dict[str, builds.Box], verified: bool) -> None:

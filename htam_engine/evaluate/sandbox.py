@@ -1,5 +1,5 @@
 """The sandbox every process that reads, compiles or runs candidate-written text runs in
-(a worker, the nvcc compile check, the size estimate): bubblewrap where it can run, else
+(a worker, the nvcc compile check): bubblewrap where it can run, else
 none, and the same limits either way.
 
 Under bwrap a command gets private PID, IPC, network, UTS and user namespaces, a

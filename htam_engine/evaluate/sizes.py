@@ -1,11 +1,13 @@
 """How much memory a problem needs, estimated before anything runs, and the refusal of a
 problem this machine cannot hold (`--scale` shrinks it, see `task.scale_reference`).
 
-The estimate comes from a child process (`python -m htam_engine.evaluate.sizes`, the
-caller imports no torch) in the sandbox a worker gets, that imports the reference and calls
-`get_inputs()` and the reference's forward under `torch.device("meta")`: shapes and dtypes
-without a byte allocated. A problem that cannot run on meta tensors gets no estimate
-(nothing is refused on a guess). Estimates are kept under the HTAM home by content.
+The estimate comes from the judge the problem's evaluation takes (`runner.size_problem`),
+started ahead and held: beside its workers' start it imports the reference and calls
+`get_inputs()` and the reference's forward under `torch.device("meta")` (shapes and dtypes
+without a byte allocated), before it makes any input set. The judge runs the reference
+anyway (it is trusted, see `judge`), and this caller imports no torch. A problem that
+cannot run on meta tensors gets no estimate (nothing is refused on a guess). Estimates are
+kept under the HTAM home by content.
 """
 
 from __future__ import annotations
@@ -14,20 +16,17 @@ import hashlib
 import json
 import shutil
 import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from htam_engine import machine
 from htam_engine.errors import TooLarge
-from htam_engine.evaluate import sandbox
+from htam_engine.evaluate import runner
 from htam_engine.evaluate.verdict import Limits, sets_ahead
 from htam_engine.paths import subdir
 from htam_engine.task import SCALED_SIZES, Task, scale_reference
 
-ESTIMATE_TIMEOUT_S = 120.0
+ESTIMATE_TIMEOUT_S = 120.0  # the judge's start (a torch import) and the meta run
 GB = 1e9
 
 
@@ -57,70 +56,22 @@ class Estimate:
         }
 
 
-def _measure(source: str) -> dict[str, Any]:
-    """In the child: the reference's input and output bytes on meta tensors."""
-    import torch
-
-    from htam_engine.evaluate import common
-
-    folder = Path(tempfile.mkdtemp(prefix="htam-sizes-"))
-    try:
-        (folder / "reference.py").write_text(source)
-        with torch.device("meta"):
-            module = common.import_file("htam_reference_sizes", folder / "reference.py")
-            inputs = list(module.get_inputs())
-            found: dict[str, Any] = {"inputs": _bytes(inputs), "outputs": None, "why": ""}
-            try:
-                model = module.Model(*module.get_init_inputs())
-                with torch.no_grad():
-                    out = model(*inputs)
-                found["outputs"] = _bytes(list(out) if isinstance(out, tuple | list) else [out])
-            except Exception as error:  # a forward meta tensors cannot run
-                found["why"] = f"outputs unknown ({type(error).__name__})"
-            return found
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _bytes(values: list[Any]) -> int:
-    import torch
-
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
-
-
 def _kept_at(task: Task) -> Path:
     digest = hashlib.sha256(task.reference_source.encode()).hexdigest()[:24]
     return subdir("sizes") / f"{digest}.json"
 
 
-def kept(task: Task) -> bool:
-    """Whether `task`'s estimate is kept (`estimate` then runs nothing)."""
-    return _kept_at(task).is_file()
-
-
-def estimate(task: Task) -> Estimate:
-    """The sizes of `task`'s problem as it will run (scaled, if it is)."""
+def estimate(task: Task, device: str = "auto", limits: Limits | None = None) -> Estimate:
+    """The sizes of `task`'s problem as it will run (scaled, if it is) on `device`."""
     path = _kept_at(task)
     try:
         return Estimate(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    box = Path(tempfile.mkdtemp(prefix="htam-sizes-"))
-    try:  # it imports code it did not write: in the sandbox, as a worker
-        ran = sandbox.run(
-            [sys.executable, "-m", "htam_engine.evaluate.sizes"],
-            box,
-            timeout_s=ESTIMATE_TIMEOUT_S,
-            memory_mb=Limits().memory_mb,
-            input_text=task.reference_source,
-        )
-        found = json.loads(ran.output.strip().splitlines()[-1])
-        result = Estimate(found.get("inputs"), found.get("outputs"), str(found.get("why", "")))
-    except (ValueError, IndexError, OSError, AttributeError):
-        return Estimate(None, None, "no estimate: the reference does not run on meta tensors")
-    finally:
-        shutil.rmtree(box, ignore_errors=True)
-    path.write_text(json.dumps(result.__dict__))
+    sized = runner.size_problem(task, device, limits, ESTIMATE_TIMEOUT_S)
+    result = Estimate(sized.inputs, sized.outputs, sized.why)
+    if result.inputs is not None:  # measured: kept (an unknown is asked again, cheaply)
+        path.write_text(json.dumps(result.__dict__))
     return result
 
 
@@ -166,7 +117,7 @@ def refuse_if_too_large(task: Task, device: str, limits: Limits | None = None) -
     """Raise `TooLarge` when the problem, as it will run, needs more than this machine
     gives an evaluation; the message names the estimate, the limit and a `--scale`."""
     limits = limits or Limits()
-    found = estimate(task)
+    found = estimate(task, device, limits)
     if found.inputs is None:
         return found
     needs = found.needs(limits)
@@ -201,11 +152,3 @@ def _sizes(task: Task) -> str:
         name for name, _, _ in scale_reference(task.reference_source, 0.5)[1]
     ]
     return "shrinks " + ", ".join(names)
-
-
-def main() -> None:
-    print(json.dumps(_measure(sys.stdin.read())), flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -32,7 +32,7 @@ from typing import Any
 
 from htam_engine import machine
 from htam_engine.evaluate import protocol
-from htam_engine.evaluate.process import Child, python_module
+from htam_engine.evaluate.process import Child, Stop, python_module
 from htam_engine.paths import subdir
 
 ROLES = ("reference", "candidate")
@@ -58,6 +58,13 @@ class Started:
         if self.held:
             self.judge.send(protocol.PREPARE)
             self.held = False
+
+    def size(self, limit_s: float) -> protocol.Sized:
+        """The problem's sizes, as the judge measures them on meta tensors (it makes
+        nothing); `Stop` if it fails or takes over `limit_s`."""
+        self.judge.send(protocol.SIZE)
+        found = self.judge.wait_for(protocol.Sized.EVENT, limit_s, "sizing", threading.Event())
+        return protocol.decode(found, protocol.Sized)
 
     def fits(self, ahead: dict[str, Any], reference: str) -> bool:
         alive = self.judge.popen.poll() is None
@@ -119,10 +126,24 @@ class _Spare:
         if self.warm:
             self.fill(ahead, reference)
 
-    def fill(self, ahead: dict[str, Any], reference: str, held: bool = False) -> None:
+    def fill(self, ahead: dict[str, Any], reference: str) -> None:
         with self.lock:
             if self.started is None:
-                self.started = start(ahead, reference, held)
+                self.started = start(ahead, reference)
+
+    def size(self, ahead: dict[str, Any], reference: str, limit_s: float) -> protocol.Sized:
+        with self.lock:
+            if self.started is not None and not self.started.fits(ahead, reference):
+                self.started.finish()
+                self.started = None
+            if self.started is None:
+                self.started = start(ahead, reference, held=True)
+            started = self.started
+        try:
+            return started.size(limit_s)
+        except Stop as stop:  # the problem stays unsized; the evaluation says what failed
+            self.release()
+            return protocol.Sized(None, None, f"no estimate: {stop.message}")
 
     def release(self) -> None:
         with self.lock:
@@ -143,11 +164,17 @@ def keep_warm(on: bool) -> None:
         _SPARE.release()
 
 
-def prefill(ahead: dict[str, Any], reference: str, held: bool = False) -> None:
-    """Start the spare for the job `ahead` now, before any evaluation asked for one
-    (`held`: its input sets wait until an evaluation takes it); with `keep_warm` on,
-    each evaluation is followed by a new spare."""
-    _SPARE.fill(ahead, reference, held)
+def prefill(ahead: dict[str, Any], reference: str) -> None:
+    """Start the spare for the job `ahead` now, before any evaluation asked for one; with
+    `keep_warm` on, each evaluation is followed by a new spare."""
+    _SPARE.fill(ahead, reference)
+
+
+def size(ahead: dict[str, Any], reference: str, limit_s: float) -> protocol.Sized:
+    """The problem's sizes, measured by the spare (started now for the job `ahead`, held,
+    if none fits): the judge the next evaluation takes sizes its problem first, and a held
+    one has made no input set (memory the sizes may refuse) when it answers."""
+    return _SPARE.size(ahead, reference, limit_s)
 
 
 @contextlib.contextmanager
