@@ -4,8 +4,12 @@ another reference) is not used."""
 
 from __future__ import annotations
 
+import json
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,3 +166,73 @@ def test_the_judge_starts_its_workers_before_it_imports_torch() -> None:
     code = "import sys, htam_engine.evaluate.judge; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def _lines(stream: Any) -> queue.Queue[str]:
+    """The lines of `stream`, read by a thread as they come."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
+    return lines
+
+
+def _until(lines: queue.Queue[str], start: str, seen: list[str]) -> str:
+    while True:
+        line = lines.get(timeout=180)  # a busy CI: a judge's start takes a minute there
+        seen.append(line)
+        if line.startswith(start):
+            return line
+
+
+def _jobs() -> list[Path]:
+    return sorted(subdir("jobs").iterdir())
+
+
+def test_eval_watch_evaluates_each_save_with_the_judge_started_while_you_edit(
+    tmp_path: Path,
+) -> None:
+    """`htam eval --watch`: a verdict at every save; between saves a judge waits, started
+    for the next evaluation, which it then serves; a file gone mid-save is said, and the
+    watch goes on; Ctrl-C leaves nothing behind."""
+    for name in ("reference.py", "correct.py"):
+        (tmp_path / name).write_text((FIXTURES / name).read_text())
+    candidate = tmp_path / "correct.py"
+    command = [sys.executable, "-m", "htam_engine.cli", "eval", str(tmp_path / "reference.py")]
+    watch = subprocess.Popen(
+        [*command, str(candidate), "--watch", "--device", "cpu"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert watch.stderr is not None
+    lines, seen = _lines(watch.stderr), []
+    try:
+        assert _until(lines, "correct on 3 input sets", seen)
+        _until(lines, "htam: watching", seen)
+        waiting = _jobs()
+        assert len(waiting) == 1, "one judge waits for the next save"
+        candidate.write_text((FIXTURES / "incorrect.py").read_text())
+        assert _until(lines, "incorrect:", seen)
+        _until(lines, "htam: watching", seen)
+        assert not waiting[0].exists(), "the judge that waited served that save"
+        waiting = _jobs()
+        assert len(waiting) == 1, "and another waits"
+        candidate.unlink()  # an editor's save may remove the file first
+        assert _until(lines, "htam: error: cannot read candidate", seen)
+        _until(lines, "htam: watching", seen)
+        assert _jobs() == waiting and watch.poll() is None, "it waits on, with its judge"
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(60) == 130
+        assert not _jobs(), "Ctrl-C leaves no judge and no job folder"
+    finally:
+        watch.kill()
+        watch.wait()
+    assert "Traceback" not in "".join(seen), seen
+
+
+def test_eval_watch_is_for_people_not_for_json() -> None:
+    path = str(FIXTURES / "correct.py")
+    command = [sys.executable, "-m", "htam_engine.cli", "eval", path, path]
+    done = subprocess.run(
+        [*command, "--watch", "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "drop --json" in done.stderr
+    assert json.loads(done.stdout)["error"]["kind"] == "user_error"

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,6 +34,11 @@ DECIDE_HELP = (
     "SPEEDUP (1: is it faster than the reference?): an answer in fewer pairs, its "
     "interval wider than the 5 %% a plain timing narrows to"
 )
+WATCH_HELP = (
+    "evaluate again each time CANDIDATE or TASK changes, until Ctrl-C: a judge started "
+    "while you edit serves the next evaluation, which skips the judge's start"
+)
+WATCH_POLL_S = 0.2
 SCALE_HELP = (
     f"shrink the problem: multiply its module-level sizes named {', '.join(SCALED_SIZES)} "
     "by F (0 < F <= 1), for problems too large for this machine"
@@ -55,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON verdict on stdout")
     parser.add_argument("--no-cache", action="store_true", help="evaluate even if cached")
     parser.add_argument("--decide", type=_speedup, metavar="SPEEDUP", help=DECIDE_HELP)
+    parser.add_argument("--watch", action="store_true", help=WATCH_HELP)
     add_baseline_argument(parser)
     add_policy_arguments(parser)
     parser.set_defaults(handler=run)
@@ -136,6 +143,14 @@ def _notes(verdict: Verdict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.watch and args.json:
+        raise UserError("--watch prints a verdict at each change, for people: drop --json")
+    if args.watch:
+        return _watch(args)
+    return _report(_verdict(args), args.json)
+
+
+def _verdict(args: argparse.Namespace) -> Verdict:
     from htam_engine.evaluate import evaluate, sizes
 
     task = with_policy(load_task(args.task), args.allow_torch, args.scale)
@@ -146,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     if task.impl_path is None or task.impl_path.resolve() != args.candidate.resolve():
         task = _with_candidate(task, args.candidate, candidate)
     sizes.refuse_if_too_large(task, args.device)  # a first one: by the judge, started held
-    verdict = evaluate(
+    return evaluate(
         task,
         candidate,
         device=args.device,
@@ -154,12 +169,66 @@ def run(args: argparse.Namespace) -> int:
         baseline=args.baseline,
         decide=args.decide,
     )
-    if args.json:
+
+
+def _report(verdict: Verdict, as_json: bool) -> int:
+    if as_json:
         json.dump(verdict.to_json(), sys.stdout)
         sys.stdout.write("\n")
     else:
-        print(_human(verdict), file=sys.stderr)
+        print(_human(verdict), file=sys.stderr, flush=True)
     return 0 if verdict.correct else 1
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """Evaluate, then again at each change of the candidate or the task, until Ctrl-C.
+    After each evaluation a judge is started for the next (`standby.keep_warm`): its
+    workers' and its own torch imports and its input sets are made while you edit. A file
+    that cannot be read mid-save, or a task that no longer loads, is said; the watch goes
+    on."""
+    from htam_engine.evaluate import standby
+
+    files = (args.task, args.candidate)
+    standby.keep_warm(True)
+    try:
+        stamps = _stamps(files)
+        while True:
+            try:
+                _report(_verdict(args), as_json=False)
+            except UserError as error:
+                print(f"htam: error: {error}", file=sys.stderr)
+            print(f"htam: watching {args.candidate} (Ctrl-C stops)", file=sys.stderr, flush=True)
+            stamps = _changed(files, stamps)
+    finally:
+        standby.keep_warm(False)
+
+
+Stamps = tuple[tuple[int, int] | None, ...]
+
+
+def _stamps(files: tuple[Path, ...]) -> Stamps:
+    """Each file's modification time and size (None: missing)."""
+    found: list[tuple[int, int] | None] = []
+    for path in files:
+        try:
+            info = path.stat()
+        except OSError:
+            found.append(None)
+            continue
+        found.append((info.st_mtime_ns, info.st_size))
+    return tuple(found)
+
+
+def _changed(files: tuple[Path, ...], before: Stamps) -> Stamps:
+    """The stamps of `files` once they differ from `before` and then held still for a
+    poll (an editor may save in several writes)."""
+    now = _stamps(files)
+    while True:
+        time.sleep(WATCH_POLL_S)
+        later = _stamps(files)
+        if later == now != before:
+            return now
+        now = later
 
 
 def _with_candidate(task: Task, path: Path, source: str) -> Task:
