@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_step.py [--baseline DIR] [--steps 2]
         [--examples softmax,gelu,...] [--conditions idle,loaded] [--out FILE.json]
-        [--evals N]
+        [--evals N] [--watched N]
 
 Runs `htam optimize EXAMPLE/cpu_naive.py --provider offline --events` (mechanical
 rewrites only: no model in the way) for each CPU example, idle and beside a neighbour
@@ -15,7 +15,10 @@ its step event), the start (step 0) and the closing duel (after the last step), 
 time from the command's start to its first event. Printed as Markdown tables: medians
 over the examples, per checkout and condition, and the ratio after/before. With `--evals
 N`, instead: N one-shot `htam eval`s per example of a candidate never built before, in a
-home whose machine limits are measured (wall time and the verdict's phases).
+home whose machine limits are measured (wall time and the verdict's phases). With
+`--watched N`, instead: per example, N saves of a candidate never built before into a file
+that `htam eval --watch` watches (from the save to its verdict), alternating with N one-shot
+`htam eval`s of the same kind (this checkout only: `--watch` is new).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("softmax", "gelu", "linear_relu", "matmul")
+WATCH_EDIT_S = 5.0  # between a verdict and the next save under --watch
 PHASES = ("select", "generate", "compile", "verify", "time", "confirm", "update")
 
 
@@ -119,6 +123,67 @@ def evals(checkouts: dict[str, Path], examples: list[str], count: int, condition
                 print(f"eval, {name}, {condition}: {json.dumps(row)}", file=sys.stderr)
     print(f"\none-shot `htam eval`, {condition}, medians of {count} x {len(examples)}:")
     print(eval_table(rows))
+
+
+def watched(examples: list[str], count: int) -> None:
+    """Per example, `count` saves into a file `htam eval --watch` watches, each timed from
+    the save to its verdict, alternating with `count` one-shot evaluations; each one-shot
+    starts WATCH_EDIT_S after the last verdict (the watch's next judge has started, as
+    after an edit), and the next save follows it."""
+    home = tempfile.mkdtemp(prefix="htam-bench-watch-")
+    run_eval(ROOT, examples[0], home, -1)  # the machine's limits, measured once
+    rows = [row for example in examples for row in _watch_example(example, home, count)]
+    print(f"\n`htam eval --watch`, idle, medians of {count} x {len(examples)}:")
+    print(watch_table(rows))
+
+
+def watch_table(rows: list[dict[str, Any]]) -> str:
+    """Medians per example, then over all, of one-shot walls and of saves to verdicts."""
+    lines = ["| evals | one-shot wall_s | after a save, watched (s) |", "| --- | ---: | ---: |"]
+    for example in [*dict.fromkeys(r["example"] for r in rows), None]:
+        group = [r for r in rows if example in (None, r["example"])]
+        one, after = (statistics.median(r[k] for r in group) for k in ("one_shot_s", "saved_s"))
+        lines.append(f"| {example or 'all'} ({len(group)}) | {one:.2f} | {after:.2f} |")
+    return "\n".join(lines)
+
+
+def _watch_example(example: str, home: str, count: int) -> list[dict[str, Any]]:
+    folder = ROOT / "examples" / example
+    naive = (folder / "cpu_naive.py").read_text()
+    watched = Path(home) / f"{example}_watched.py"
+    watched.write_text(naive)
+    command = [sys.executable, "-m", "htam_engine.cli", "eval", str(folder / "reference.py")]
+    command += [str(watched), "--device", "cpu", "--watch", "--no-cache"]
+    watch = subprocess.Popen(
+        command, cwd=ROOT, env=_env(ROOT, home), stderr=subprocess.PIPE, text=True
+    )
+    assert watch.stderr is not None
+    rows = []
+    try:
+        _next_verdict(watch.stderr)
+        for run in range(count):
+            time.sleep(WATCH_EDIT_S)  # the watch's next judge starts: not beside the one-shot
+            one_shot = run_eval(ROOT, example, home, run)["wall_s"]
+            start = time.monotonic()
+            watched.write_text(naive + f"\n# watched save {run}\n")
+            verdict = _next_verdict(watch.stderr)
+            saved = time.monotonic() - start
+            rows.append({"example": example, "one_shot_s": one_shot, "saved_s": saved})
+            print(f"watched: {json.dumps({**rows[-1], 'verdict': verdict})}", file=sys.stderr)
+    finally:
+        watch.kill()
+        watch.wait()
+    return rows
+
+
+def _next_verdict(lines: Any) -> str:
+    """The verdict line of the next evaluation, once the watch waits again."""
+    verdict = ""
+    for line in lines:
+        if line.startswith("htam: watching"):
+            return verdict
+        verdict = verdict or line.strip()
+    raise RuntimeError(f"htam eval --watch ended: {verdict}")
 
 
 def eval_table(rows: dict[str, list[dict[str, Any]]]) -> str:
@@ -224,7 +289,11 @@ def main() -> None:
     parser.add_argument("--conditions", default="idle,loaded")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--evals", type=int, default=0, help="one-shot evals per example")
+    parser.add_argument("--watched", type=int, default=0, help="saves under --watch per example")
     args = parser.parse_args()
+    if args.watched:
+        watched(args.examples.split(","), args.watched)
+        return
     checkouts = {"this checkout": ROOT}
     if args.baseline:
         checkouts = {f"baseline ({args.baseline.name})": args.baseline.resolve(), **checkouts}

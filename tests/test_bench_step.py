@@ -64,3 +64,23 @@ def test_one_shot_evals_are_tabled_apart_seen_and_first() -> None:
     table = bench.eval_table({"a": [seen, {**seen, "wall_s": 7.0}, first]})
     assert "| a | seen before (2) | 6.00 | 4.00 | 2.00 | 0.30 | 2.00 |" in table
     assert "| a | first of a problem (1) | 9.00 | 7.00 | 2.50 | 0.30 | 2.00 |" in table
+
+
+def test_watched_saves_are_tabled_beside_one_shots_per_example_and_over_all() -> None:
+    bench = _load()
+    rows = [
+        {"example": "a", "one_shot_s": 5.0, "saved_s": 3.0},
+        {"example": "a", "one_shot_s": 7.0, "saved_s": 2.0},
+        {"example": "b", "one_shot_s": 9.0, "saved_s": 4.0},
+    ]
+    table = bench.watch_table(rows)
+    assert "| a (2) | 6.00 | 2.50 |" in table and "| b (1) | 9.00 | 4.00 |" in table
+    assert table.endswith("| all (3) | 7.00 | 3.00 |")
+
+
+def test_a_watched_verdict_is_its_first_line_and_a_watch_that_ended_is_an_error() -> None:
+    bench = _load()
+    lines = iter(["incorrect: output.values\n", "  3 | y = x\n", "htam: watching c.py\n"])
+    assert bench._next_verdict(lines) == "incorrect: output.values"
+    with pytest.raises(RuntimeError, match="ended: correct on 3"):
+        bench._next_verdict(iter(["correct on 3 input sets\n"]))
