@@ -49,6 +49,7 @@ _BASELINE_KEY = "baseline"  # in a worker's job only when the reference is compi
 # on a 2-core machine, idle and next to a busy neighbour (benchmarks/bench_noise.py:
 # 0.045); GPU, the target of 1 % (not yet measured here: no GPU).
 RUN_TO_RUN_CV = {"cpu": 0.045, "cuda": 0.01}
+SIZE_S = 120.0  # a judge's start (a torch import) and the reference's run on meta tensors
 LOCK_WAIT_S = 3600.0  # others' timings are bounded; waiting for them is no candidate's fault
 # Not the candidate's doing: a reference that fails today (out of memory, a fixed bug)
 # may run tomorrow, and a cancelled or timed-out evaluation said nothing.
@@ -265,7 +266,7 @@ def start_ahead(task: Task, device: str = "auto", limits: Limits | None = None) 
 
 
 def size_problem(
-    task: Task, device: str = "auto", limits: Limits | None = None, limit_s: float = 120.0
+    task: Task, device: str = "auto", limits: Limits | None = None, limit_s: float = SIZE_S
 ) -> protocol.Sized:
     """`task`'s sizes, measured by the judge that the next evaluation of `task` on `device`
     takes (`standby.size`; started now and held when none waits, so the caller can refuse

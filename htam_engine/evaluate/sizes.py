@@ -23,10 +23,9 @@ from htam_engine import machine
 from htam_engine.errors import TooLarge
 from htam_engine.evaluate import runner
 from htam_engine.evaluate.verdict import Limits, sets_ahead
-from htam_engine.paths import subdir
+from htam_engine.paths import subdir, write_whole
 from htam_engine.task import SCALED_SIZES, Task, scale_reference
 
-ESTIMATE_TIMEOUT_S = 120.0  # the judge's start (a torch import) and the meta run
 GB = 1e9
 
 
@@ -68,10 +67,10 @@ def estimate(task: Task, device: str = "auto", limits: Limits | None = None) -> 
         return Estimate(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    sized = runner.size_problem(task, device, limits, ESTIMATE_TIMEOUT_S)
+    sized = runner.size_problem(task, device, limits)
     result = Estimate(sized.inputs, sized.outputs, sized.why)
     if result.inputs is not None:  # measured: kept (an unknown is asked again, cheaply)
-        path.write_text(json.dumps(result.__dict__))
+        write_whole(path, json.dumps(result.__dict__))
     return result
 
 
