@@ -1,7 +1,11 @@
 """The whole evaluation pipeline on CPU, with real compiled candidates and real processes."""
 
 import json
+import os
+import pty
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -68,6 +72,44 @@ def test_repeated_cli_eval_answers_from_cache_in_under_a_second():
     assert evaluate(loaded, loaded.impl_source or "", device="cpu").cached
     assert time.monotonic() - in_process < 1.0
     assert time.monotonic() - start < 10  # interpreter start included
+
+
+def _on_a_terminal(argv: list[str], limit_s: float = 300.0) -> str:
+    """What `argv` writes to a terminal (a pseudo-terminal for stdout and stderr)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: nothing but the command
+        os.execv(argv[0], argv)
+    out, deadline = b"", time.monotonic() + limit_s
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([fd], [], [], 1.0)[0]:
+                continue
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the command ended and closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(fd)
+        if time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return out.decode(errors="replace")
+
+
+def test_cli_eval_shows_its_phase_on_a_terminal_and_nothing_in_a_pipe() -> None:
+    """A person at a terminal sees the phase under way, on one line cleared before the
+    verdict; a pipe or a log gets the verdict only."""
+    path = str(FIXTURES / "correct.py")
+    argv = [sys.executable, "-m", "htam_engine.cli", "eval", path, path, "--device", "cpu"]
+    shown = _on_a_terminal(argv)
+    marks = [shown.find(f"htam: {doing}...") for doing in ("starting", "compiling", "verifying")]
+    marks += [shown.find("htam: timing..."), shown.find("\r\x1b[Kcorrect on 3 input sets")]
+    assert -1 not in marks and marks == sorted(marks), shown
+    piped = subprocess.run(argv, capture_output=True, text=True, timeout=300)  # cached now
+    assert piped.stderr.startswith("correct on 3 input sets") and "[cached]" in piped.stderr
 
 
 def test_cli_eval_asked_a_question_stops_once_its_interval_decides_it(tmp_path: Path):

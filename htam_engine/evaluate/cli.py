@@ -39,6 +39,8 @@ WATCH_HELP = (
     "while you edit serves the next evaluation, which skips the judge's start"
 )
 WATCH_POLL_S = 0.2
+# what a terminal shows while `htam eval` works (`_Progress`), per phase
+DOING = {"start": "starting", "compile": "compiling", "verify": "verifying", "time": "timing"}
 SCALE_HELP = (
     f"shrink the problem: multiply its module-level sizes named {', '.join(SCALED_SIZES)} "
     "by F (0 < F <= 1), for problems too large for this machine"
@@ -160,15 +162,40 @@ def _verdict(args: argparse.Namespace) -> Verdict:
         raise UserError(f"cannot read candidate {args.candidate}: {error}") from None
     if task.impl_path is None or task.impl_path.resolve() != args.candidate.resolve():
         task = _with_candidate(task, args.candidate, candidate)
-    sizes.refuse_if_too_large(task, args.device)  # a first one: by the judge, started held
-    return evaluate(
-        task,
-        candidate,
-        device=args.device,
-        use_cache=not args.no_cache,
-        baseline=args.baseline,
-        decide=args.decide,
-    )
+    progress = _Progress()
+    try:
+        progress("start")
+        sizes.refuse_if_too_large(task, args.device)  # a first one: by the judge, held
+        return evaluate(
+            task,
+            candidate,
+            device=args.device,
+            use_cache=not args.no_cache,
+            baseline=args.baseline,
+            decide=args.decide,
+            on_phase=progress,
+        )
+    finally:
+        progress.clear()
+
+
+class _Progress:
+    """The phase under way, on one line of stderr when it is a terminal (a log, a pipe
+    or a test gets the verdict only), cleared before the verdict is printed."""
+
+    def __init__(self) -> None:
+        self.shown = sys.stderr.isatty()
+
+    def __call__(self, phase: str) -> None:
+        self._write(f"htam: {DOING.get(phase, phase)}...")
+
+    def clear(self) -> None:
+        self._write("")
+
+    def _write(self, text: str) -> None:
+        if self.shown:
+            sys.stderr.write(f"\r\x1b[K{text}")
+            sys.stderr.flush()
 
 
 def _report(verdict: Verdict, as_json: bool) -> int:
