@@ -2,11 +2,11 @@
 
 The caller writes lines to the judge's stdin: its token first, then one command per
 phase (`PREPARE`, `JOB`, `VERIFY`, `TIME`), and `SIZE` whenever it likes before `JOB`.
-The judge answers each phase on stdout with
-one message below, a JSON object a line: the message's fields plus `"event": <its EVENT>` and the
-caller's token (which `process.Child` checks and strips, stamping the line with its
-own clock as `_t`). A judge that stops says so with `Failed`, which `Child.wait_for`
-raises as a `Stop`. `encode` and `decode` are the only translation between the two.
+The judge answers each on stdout with one message below, a JSON object a line: the
+message's fields plus `"event": <its EVENT>` and the caller's token (which
+`process.Child` checks and strips, stamping the line with its own clock as `_t`). A judge
+that stops says so with `Failed`, which `Child.wait_for` raises as a `Stop`. `encode` and
+`decode` are the only translation between the two.
 
 Dependency-free (the verdict's types only): the caller never imports torch.
 """
