@@ -112,10 +112,12 @@ def test_cli_eval_shows_its_phase_on_a_terminal_and_nothing_in_a_pipe() -> None:
     assert piped.stderr.startswith("correct on 3 input sets") and "[cached]" in piped.stderr
 
 
-def test_cli_eval_asked_a_question_stops_once_its_interval_decides_it(tmp_path: Path):
-    """`--decide 1` on a softmax whose calls also sleep 0-50 ms at random: its pairs do not
-    narrow to 5 % in 20 (without a question it times until its 6 s budget), yet it is so
-    far below 1x that 20 pairs decide it."""
+def test_cli_eval_asks_whether_it_is_faster_and_stops_once_its_interval_decides_it(
+    tmp_path: Path,
+):
+    """By default (`--decide 1`), on a softmax whose calls also sleep 0-50 ms at random: its
+    pairs do not narrow to 5 % in 20 (without a question, `--decide none`, it times until
+    its 6 s budget), yet it is so far below 1x that 20 pairs decide it."""
     folder = tmp_path / "softmax"
     shutil.copytree(SOFTMAX.parent, folder)
     head = "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
@@ -123,7 +125,7 @@ def test_cli_eval_asked_a_question_stops_once_its_interval_decides_it(tmp_path: 
     jittery = folder / "jittery.py"
     jittery.write_text(SOFTMAX.read_text().replace(head, head + jitter))
     command = [sys.executable, "-m", "htam_engine.cli", "eval", str(jittery), str(jittery)]
-    done = subprocess.run(command + ["--decide", "1", "--json"], capture_output=True, text=True)
+    done = subprocess.run(command + ["--json"], capture_output=True, text=True)
     verdict = json.loads(done.stdout)
     assert verdict["correct"], done.stderr
     assert verdict["spread"]["decided_at"] == 1.0 and verdict["converged"]
@@ -133,6 +135,10 @@ def test_cli_eval_asked_a_question_stops_once_its_interval_decides_it(tmp_path: 
     assert f"decided below 1x after {verdict['interval']['pairs']} pairs" in again.stderr
     refused = subprocess.run(command + ["--decide", "0"], capture_output=True, text=True)
     assert refused.returncode == 2 and "a speedup is a number above 0" in refused.stderr
+    plain = command + ["--decide", "none", "--json", "--no-cache"]
+    unasked = json.loads(subprocess.run(plain, capture_output=True, text=True).stdout)
+    assert "decided_at" not in unasked["spread"] and not unasked["converged"], "never narrow"
+    assert unasked["interval"]["pairs"] >= 2 * stats.DECIDE_MIN_PAIRS
 
 
 @pytest.mark.parametrize(

@@ -30,9 +30,10 @@ ALLOW_TORCH_HELP = (
     "[policy] allow_torch ('none': nothing)"
 )
 DECIDE_HELP = (
-    "stop timing as soon as the speedup's 95 %% interval lies wholly above or below "
-    "SPEEDUP (1: is it faster than the reference?): an answer in fewer pairs, its "
-    "interval wider than the 5 %% a plain timing narrows to"
+    "the question the timing answers: it stops as soon as the speedup's 95 %% interval "
+    "lies wholly above or below SPEEDUP (default 1: is it faster than the reference?), "
+    "or once the interval is narrow (5 %% on a CPU); 'none': only once it is narrow "
+    "(a kernel far from the question gets a narrower interval, in more pairs)"
 )
 WATCH_HELP = (
     "evaluate again each time CANDIDATE or TASK changes, until Ctrl-C: a judge started "
@@ -62,20 +63,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     parser.add_argument("--json", action="store_true", help="print one JSON verdict on stdout")
     parser.add_argument("--no-cache", action="store_true", help="evaluate even if cached")
-    parser.add_argument("--decide", type=_speedup, metavar="SPEEDUP", help=DECIDE_HELP)
+    parser.add_argument(
+        "--decide", type=_question, default=1.0, metavar="SPEEDUP", help=DECIDE_HELP
+    )
     parser.add_argument("--watch", action="store_true", help=WATCH_HELP)
     add_baseline_argument(parser)
     add_policy_arguments(parser)
     parser.set_defaults(handler=run)
 
 
-def _speedup(text: str) -> float:
+def _question(text: str) -> float | None:
+    if text == "none":
+        return None
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"a speedup is a number above 0, not {text!r}")
+        raise argparse.ArgumentTypeError(f"a speedup is a number above 0 or 'none', not {text!r}")
     return value
 
 
