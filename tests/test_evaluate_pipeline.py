@@ -137,8 +137,8 @@ def test_cli_eval_asks_whether_it_is_faster_and_stops_once_its_interval_decides_
     assert refused.returncode == 2 and "a speedup is a number above 0" in refused.stderr
     plain = command + ["--decide", "none", "--json", "--no-cache"]
     unasked = json.loads(subprocess.run(plain, capture_output=True, text=True).stdout)
-    assert "decided_at" not in unasked["spread"] and not unasked["converged"], "never narrow"
-    assert unasked["interval"]["pairs"] >= 2 * stats.DECIDE_MIN_PAIRS
+    # ended by its budget (its pairs never narrow), not by the question it was not asked
+    assert "decided_at" not in unasked["spread"] and not unasked["converged"]
 
 
 @pytest.mark.parametrize(
