@@ -326,8 +326,9 @@ def repeat_eval(task: Path, source: str, home: Path, deadline: float) -> dict[st
     """Evaluate one candidate REPEATS times in fresh workers (no verdict cache)."""
     candidate = home / f"best-{task.parent.name}.py"
     candidate.write_text(source)
+    # each timed until narrow (no question): the CV of full timings
     argv = [sys.executable, "-m", "htam_engine.cli", "eval", str(task), str(candidate),
-            "--device", "cuda", "--no-cache", "--json"]  # fmt: skip
+            "--device", "cuda", "--no-cache", "--json", "--decide", "none"]  # fmt: skip
     verdicts, errors = [], []
     for _ in range(REPEATS):
         left = deadline - time.monotonic()
