@@ -32,8 +32,8 @@ ALLOW_TORCH_HELP = (
 DECIDE_HELP = (
     "the question the timing answers: it stops as soon as the speedup's 95 %% interval "
     "lies wholly above or below SPEEDUP (default 1: is it faster than the reference?), "
-    "or once the interval is narrow (5 %% on a CPU); 'none': only once it is narrow "
-    "(a kernel far from the question gets a narrower interval, in more pairs)"
+    "or once the interval is narrow; 'none': only once it is narrow (a kernel far from "
+    "the question gets a narrower interval, in more pairs)"
 )
 WATCH_HELP = (
     "evaluate again each time CANDIDATE or TASK changes, until Ctrl-C: a judge started "
