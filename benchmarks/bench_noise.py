@@ -254,6 +254,7 @@ def simulate(reps: int, margin: float, seed: int = 0) -> dict[str, dict[str, Any
     from htam_engine.evaluate.runner import RUN_TO_RUN_CV, TARGET_HALF_WIDTH
 
     cv, target = RUN_TO_RUN_CV["cpu"], TARGET_HALF_WIDTH["cpu"]
+    job = {"target_half_width": target, "run_to_run_cv": cv}
     rng = random.Random(seed)
     out: dict[str, dict[str, Any]] = {}
     for true in SIMULATED:
@@ -270,8 +271,7 @@ def simulate(reps: int, margin: float, seed: int = 0) -> dict[str, dict[str, Any
             for rule, threshold in (("width", None), ("decided", margin)):
                 n = 10
                 while n < 100:
-                    interval = stats.paired_speedup(ref[:n], cand[:n], resamples=500)
-                    if stats.settled(interval, target, threshold, cv):
+                    if stats.job_settled(ref[:n], cand[:n], {**job, "decide": threshold}):
                         break
                     n += 5
                 final = stats.paired_speedup(ref[:n], cand[:n]).with_run_to_run(cv)

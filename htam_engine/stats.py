@@ -17,6 +17,7 @@ from typing import Any
 CONFIDENCE = 0.95
 Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 RESAMPLES = 2000
+STOP_RESAMPLES = 500  # at a look at whether to stop: a cheaper bootstrap
 
 
 @dataclass(frozen=True)
@@ -72,14 +73,31 @@ def side(interval: Interval, threshold: float | None) -> int:
 # an interval 1.5x as wide (on the log scale) and at least 20 pairs. With them the final
 # intervals hold the long-run speedup as often as under the width rule alone (simulated
 # with `benchmarks/bench_noise.py --simulate`), at a third of the pairs far from it.
+# Where every pair lies on the decided side, 10 pairs are enough: were the long-run
+# speedup the threshold itself, 10 of 10 on one side would happen 2 times in 2^10 (a
+# sign test), and a slow candidate's 270 ms calls need not run 20 times to be found slow.
 DECIDE_WIDEN = 1.5
 DECIDE_MIN_PAIRS = 20
+UNANIMOUS_MIN_PAIRS = 10
 
 
-def decided(interval: Interval, threshold: float | None) -> int:
+def unanimous(
+    reference_s: Sequence[float], candidate_s: Sequence[float], threshold: float | None
+) -> bool:
+    """Whether every pair's speedup lies on the same side of `threshold` (None: no)."""
+    if threshold is None:
+        return False
+    at = math.log(threshold)
+    logs = log_ratios(reference_s, candidate_s)
+    return all(x > at for x in logs) or all(x < at for x in logs)
+
+
+def decided(interval: Interval, threshold: float | None, unanimous: bool = False) -> int:
     """`side` of `interval` (run-to-run spread included) with the allowance for many
-    looks: widened by DECIDE_WIDEN, and 0 below DECIDE_MIN_PAIRS pairs."""
-    if threshold is None or interval.pairs < DECIDE_MIN_PAIRS:
+    looks: widened by DECIDE_WIDEN, and 0 below DECIDE_MIN_PAIRS pairs, or below
+    UNANIMOUS_MIN_PAIRS where every pair lies on one side of `threshold` (`unanimous`)."""
+    fewest = UNANIMOUS_MIN_PAIRS if unanimous else DECIDE_MIN_PAIRS
+    if threshold is None or interval.pairs < fewest:
         return 0
     e = interval.estimate
     low = e * math.exp(DECIDE_WIDEN * math.log(interval.low / e))
@@ -87,19 +105,30 @@ def decided(interval: Interval, threshold: float | None) -> int:
     return side(Interval(e, low, high, interval.pairs), threshold)
 
 
-def settled(interval: Interval, target: float, threshold: float | None, cv: float) -> bool:
+def settled(
+    interval: Interval,
+    target: float,
+    threshold: float | None,
+    cv: float,
+    unanimous: bool = False,
+) -> bool:
     """The sequential stopping rule of a timing: stop once the pairs' own interval is
     narrow (`target`), or once that interval widened by the run-to-run spread `cv`
     (what the next run could show) is `decided` above or below `threshold`, the margin
     the question asks about (None: only narrowness stops it)."""
-    return interval.narrow(target) or decided(interval.with_run_to_run(cv), threshold) != 0
+    widened = interval.with_run_to_run(cv)
+    return interval.narrow(target) or decided(widened, threshold, unanimous) != 0
 
 
-def job_settled(interval: Interval, job: Mapping[str, Any]) -> bool:
-    """`settled` with a judge's job: its `target_half_width`, `decide` (the threshold,
-    absent or None: none) and `run_to_run_cv`."""
-    cv = float(job.get("run_to_run_cv", 0.0))
-    return settled(interval, float(job["target_half_width"]), job.get("decide"), cv)
+def job_settled(
+    reference_s: Sequence[float], candidate_s: Sequence[float], job: Mapping[str, Any]
+) -> bool:
+    """`settled` for a judge's pairs, with its job's `target_half_width`, `decide` (the
+    threshold, absent or None: none) and `run_to_run_cv`."""
+    interval = paired_speedup(reference_s, candidate_s, resamples=STOP_RESAMPLES)
+    threshold, cv = job.get("decide"), float(job.get("run_to_run_cv", 0.0))
+    agree = unanimous(reference_s, candidate_s, threshold)
+    return settled(interval, float(job["target_half_width"]), threshold, cv, agree)
 
 
 def ratio(a: Interval, b: Interval) -> Interval:

@@ -116,8 +116,8 @@ def test_cli_eval_asks_whether_it_is_faster_and_stops_once_its_interval_decides_
     tmp_path: Path,
 ):
     """By default (`--decide 1`), on a softmax whose calls also sleep 0-50 ms at random: its
-    pairs do not narrow to 5 % in 20 (without a question, `--decide none`, it times until
-    its 6 s budget), yet it is so far below 1x that 20 pairs decide it."""
+    pairs do not narrow to 5 % (without a question, `--decide none`, it times until its 6 s
+    budget), yet every pair is so far below 1x that its first second of pairs decides it."""
     folder = tmp_path / "softmax"
     shutil.copytree(SOFTMAX.parent, folder)
     head = "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
@@ -130,7 +130,7 @@ def test_cli_eval_asks_whether_it_is_faster_and_stops_once_its_interval_decides_
     assert verdict["correct"], done.stderr
     assert verdict["spread"]["decided_at"] == 1.0 and verdict["converged"]
     assert verdict["interval"]["high"] < 1.0
-    assert stats.DECIDE_MIN_PAIRS <= verdict["interval"]["pairs"] < 2 * stats.DECIDE_MIN_PAIRS
+    assert stats.UNANIMOUS_MIN_PAIRS <= verdict["interval"]["pairs"] < 2 * stats.DECIDE_MIN_PAIRS
     again = subprocess.run(command, capture_output=True, text=True)  # the cache answers
     assert f"decided below 1x after {verdict['interval']['pairs']} pairs" in again.stderr
     refused = subprocess.run(command + ["--decide", "0"], capture_output=True, text=True)

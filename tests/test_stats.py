@@ -10,6 +10,7 @@ import pytest
 
 from htam_engine.stats import (
     DECIDE_MIN_PAIRS,
+    UNANIMOUS_MIN_PAIRS,
     Z95,
     Interval,
     decided,
@@ -19,6 +20,7 @@ from htam_engine.stats import (
     ratio,
     settled,
     side,
+    unanimous,
 )
 
 
@@ -175,11 +177,11 @@ def test_the_decision_allows_for_the_run_to_run_spread() -> None:
 
 
 def test_a_judge_s_job_carries_the_rule() -> None:
-    interval = Interval(3.0, 2.5, 3.6, 30)
+    pairs = noisy_pairs(3.0, 30, 0.4, seed=5)
     job = {"target_half_width": 0.05, "decide": 1.02, "run_to_run_cv": 0.045}
-    assert job_settled(interval, job)
-    assert not job_settled(interval, {**job, "decide": None})
-    assert not job_settled(interval, {"target_half_width": 0.05})  # an older caller
+    assert job_settled(*pairs, job)
+    assert not job_settled(*pairs, {**job, "decide": None})
+    assert not job_settled(*pairs, {"target_half_width": 0.05})  # an older caller
 
 
 def test_a_ratio_of_two_runs_intervals_adds_their_widths() -> None:
@@ -202,3 +204,19 @@ def test_a_decision_allows_for_its_many_looks() -> None:
     # wholly above 1.25 as it is, not once widened for the looks
     assert side(clear, 1.25) == 1 and decided(clear, 1.25) == 0
     assert decided(clear, None) == 0
+
+
+def test_pairs_all_on_one_side_decide_sooner() -> None:
+    """Every pair below 1x: UNANIMOUS_MIN_PAIRS pairs decide what otherwise takes
+    DECIDE_MIN_PAIRS; one pair on the other side, or fewer pairs, and they do not."""
+    ref, cand = noisy_pairs(0.5, UNANIMOUS_MIN_PAIRS, 0.05, seed=3)
+    assert unanimous(ref, cand, 1.0) and not unanimous(ref, cand, 0.5)
+    assert not unanimous(ref, cand, None)
+    interval = paired_speedup(ref, cand).with_run_to_run(0.045)
+    assert decided(interval, 1.0) == 0  # too few pairs for the bootstrap alone
+    assert decided(interval, 1.0, unanimous=True) == -1
+    assert decided(replace(interval, pairs=UNANIMOUS_MIN_PAIRS - 1), 1.0, unanimous=True) == 0
+    cand[4] = ref[4] / 1.1  # one pair above 1x
+    assert not unanimous(ref, cand, 1.0)
+    assert not settled(paired_speedup(ref, cand), 0.0, 1.0, 0.045, unanimous(ref, cand, 1.0))
+    assert settled(paired_speedup(ref, cand), 0.0, 1.0, 0.045, True)

@@ -10,7 +10,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from htam_engine import stats
 from htam_engine.errors import UserError
 from htam_engine.evaluate.verdict import Verdict
 from htam_engine.machine import DEVICE_CHOICES
@@ -123,7 +122,7 @@ def _speed(verdict: Verdict) -> str:
     text = format_bounded(interval.estimate, (interval.low, interval.high))
     if (threshold := verdict.spread.get("decided_at")) is None:
         return text
-    where = "above" if stats.decided(interval, threshold) > 0 else "below"
+    where = "above" if interval.estimate >= threshold else "below"  # decided: wholly
     return f"{text}, decided {where} {threshold:g}x after {interval.pairs} pairs"
 
 

@@ -52,7 +52,6 @@ TIMING_BUDGET_S = 6.0  # past MIN_TRIALS, timing stops here even if not yet conv
 # stretch of the machine's state (a second of 10 pairs at 30 ms saw one state)
 MIN_TIMING_S = 1.0
 CHECK_EVERY = 5  # trials between two looks at the interval (a bootstrap costs ~10 ms)
-STOP_RESAMPLES = 500
 CALL_LIMIT_FACTOR = 500.0  # a timed call may take this many times the reference's (naive
 # kernels run 100x slower than torch), ...
 CALL_LIMIT_FLOOR_S = 2.0  # ... or this long, whichever is more
@@ -684,8 +683,7 @@ class Judge:
         if done % CHECK_EVERY:
             return False
         reference, candidate, _ = samples(calls, trusted_marks=not self.compare)
-        interval = stats.paired_speedup(reference, candidate, resamples=STOP_RESAMPLES)
-        return stats.job_settled(interval, self.job)  # narrow, or the question decided
+        return stats.job_settled(reference, candidate, self.job)  # narrow, or decided
 
     def _judge_timed(self, k: int, inputs: list[Any], got: dict[str, Outputs]) -> None:
         where = f"timed call {k + 1}"

@@ -575,12 +575,19 @@ def _record_conditions(
     verdict.load = load
     within = verdict.within_run_half_width
     narrow = within is not None and within <= target  # the pairs' own interval
-    decided = verdict.interval is not None and stats.decided(verdict.interval, decide) != 0
+    decided = verdict.interval is not None and _decided(verdict, decide) != 0
     if decided and decide is not None:
         verdict.spread["decided_at"] = decide
     verdict.converged = narrow or decided
     # No convergence, or more runnable work than cores besides this timing: noisy.
     verdict.noisy = not verdict.converged or max(load["before"], load["after"]) > cores
+
+
+def _decided(verdict: Verdict, decide: float | None) -> int:
+    """`stats.decided` for a timed verdict's interval and pairs."""
+    assert verdict.interval is not None
+    pairs = verdict.samples["reference"], verdict.samples["candidate"]
+    return stats.decided(verdict.interval, decide, stats.unanimous(*pairs, decide))
 
 
 _GPU_QUERY = {
