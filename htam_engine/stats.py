@@ -73,30 +73,36 @@ def side(interval: Interval, threshold: float | None) -> int:
 # an interval 1.5x as wide (on the log scale) and at least 20 pairs. With them the final
 # intervals hold the long-run speedup as often as under the width rule alone (simulated
 # with `benchmarks/bench_noise.py --simulate`), at a third of the pairs far from it.
-# Where every pair lies on the decided side, 10 pairs are enough: were the long-run
-# speedup the threshold itself, 10 of 10 on one side would happen 2 times in 2^10 (a
-# sign test), and a slow candidate's 270 ms calls need not run 20 times to be found slow.
+# Where every pair lies on the decided side and the pairs are dear, 10 are enough: were
+# the long-run speedup the threshold itself, 10 of 10 on one side would happen 2 times in
+# 2^10 (a sign test), and a slow candidate's 200 ms calls need not run 20 times to be found
+# slow. Dear means that the pairs' calls took a second in all (100 ms a pair), as the
+# shortest timing does (`judging.MIN_TIMING_S`): pairs that short see few states of the
+# machine, and cheap pairs are better spent steadying the estimate (a 22 ms softmax whose
+# pairs a neighbour disturbed stopped at 11 with 0.20x where its other runs said 0.16x).
 DECIDE_WIDEN = 1.5
 DECIDE_MIN_PAIRS = 20
 UNANIMOUS_MIN_PAIRS = 10
+UNANIMOUS_MIN_MS = 1000.0
 
 
 def unanimous(
-    reference_s: Sequence[float], candidate_s: Sequence[float], threshold: float | None
+    reference_ms: Sequence[float], candidate_ms: Sequence[float], threshold: float | None
 ) -> bool:
-    """Whether every pair's speedup lies on the same side of `threshold` (None: no)."""
-    if threshold is None:
+    """Whether every pair's speedup lies on the same side of `threshold`, over pairs whose
+    calls took UNANIMOUS_MIN_MS in all (None, or cheaper pairs: False)."""
+    if threshold is None or sum(reference_ms) + sum(candidate_ms) < UNANIMOUS_MIN_MS:
         return False
     at = math.log(threshold)
-    logs = log_ratios(reference_s, candidate_s)
+    logs = log_ratios(reference_ms, candidate_ms)
     return all(x > at for x in logs) or all(x < at for x in logs)
 
 
-def decided(interval: Interval, threshold: float | None, unanimous: bool = False) -> int:
+def decided(interval: Interval, threshold: float | None, one_sided: bool = False) -> int:
     """`side` of `interval` (run-to-run spread included) with the allowance for many
     looks: widened by DECIDE_WIDEN, and 0 below DECIDE_MIN_PAIRS pairs, or below
-    UNANIMOUS_MIN_PAIRS where every pair lies on one side of `threshold` (`unanimous`)."""
-    fewest = UNANIMOUS_MIN_PAIRS if unanimous else DECIDE_MIN_PAIRS
+    UNANIMOUS_MIN_PAIRS where its pairs are `unanimous` (`one_sided`)."""
+    fewest = UNANIMOUS_MIN_PAIRS if one_sided else DECIDE_MIN_PAIRS
     if threshold is None or interval.pairs < fewest:
         return 0
     e = interval.estimate
@@ -110,24 +116,24 @@ def settled(
     target: float,
     threshold: float | None,
     cv: float,
-    unanimous: bool = False,
+    one_sided: bool = False,
 ) -> bool:
     """The sequential stopping rule of a timing: stop once the pairs' own interval is
     narrow (`target`), or once that interval widened by the run-to-run spread `cv`
     (what the next run could show) is `decided` above or below `threshold`, the margin
     the question asks about (None: only narrowness stops it)."""
     widened = interval.with_run_to_run(cv)
-    return interval.narrow(target) or decided(widened, threshold, unanimous) != 0
+    return interval.narrow(target) or decided(widened, threshold, one_sided) != 0
 
 
 def job_settled(
-    reference_s: Sequence[float], candidate_s: Sequence[float], job: Mapping[str, Any]
+    reference_ms: Sequence[float], candidate_ms: Sequence[float], job: Mapping[str, Any]
 ) -> bool:
     """`settled` for a judge's pairs, with its job's `target_half_width`, `decide` (the
     threshold, absent or None: none) and `run_to_run_cv`."""
-    interval = paired_speedup(reference_s, candidate_s, resamples=STOP_RESAMPLES)
+    interval = paired_speedup(reference_ms, candidate_ms, resamples=STOP_RESAMPLES)
     threshold, cv = job.get("decide"), float(job.get("run_to_run_cv", 0.0))
-    agree = unanimous(reference_s, candidate_s, threshold)
+    agree = unanimous(reference_ms, candidate_ms, threshold)
     return settled(interval, float(job["target_half_width"]), threshold, cv, agree)
 
 

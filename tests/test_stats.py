@@ -10,6 +10,7 @@ import pytest
 
 from htam_engine.stats import (
     DECIDE_MIN_PAIRS,
+    UNANIMOUS_MIN_MS,
     UNANIMOUS_MIN_PAIRS,
     Z95,
     Interval,
@@ -206,17 +207,20 @@ def test_a_decision_allows_for_its_many_looks() -> None:
     assert decided(clear, None) == 0
 
 
-def test_pairs_all_on_one_side_decide_sooner() -> None:
-    """Every pair below 1x: UNANIMOUS_MIN_PAIRS pairs decide what otherwise takes
-    DECIDE_MIN_PAIRS; one pair on the other side, or fewer pairs, and they do not."""
-    ref, cand = noisy_pairs(0.5, UNANIMOUS_MIN_PAIRS, 0.05, seed=3)
+def test_dear_pairs_all_on_one_side_decide_sooner() -> None:
+    """Every pair below 1x, over calls that took UNANIMOUS_MIN_MS: UNANIMOUS_MIN_PAIRS
+    pairs decide what otherwise takes DECIDE_MIN_PAIRS. One pair on the other side, fewer
+    pairs, or cheaper ones, and they do not."""
+    cheap = noisy_pairs(0.5, UNANIMOUS_MIN_PAIRS, 0.05, seed=3)  # 1-2 ms calls
+    ref, cand = ([1e5 * t for t in times] for times in cheap)  # the same, 100-200 ms
+    assert sum(ref) + sum(cand) >= UNANIMOUS_MIN_MS
     assert unanimous(ref, cand, 1.0) and not unanimous(ref, cand, 0.5)
-    assert not unanimous(ref, cand, None)
+    assert not unanimous(ref, cand, None) and not unanimous(*cheap, 1.0)
     interval = paired_speedup(ref, cand).with_run_to_run(0.045)
     assert decided(interval, 1.0) == 0  # too few pairs for the bootstrap alone
-    assert decided(interval, 1.0, unanimous=True) == -1
-    assert decided(replace(interval, pairs=UNANIMOUS_MIN_PAIRS - 1), 1.0, unanimous=True) == 0
+    assert decided(interval, 1.0, one_sided=True) == -1
+    assert decided(replace(interval, pairs=UNANIMOUS_MIN_PAIRS - 1), 1.0, one_sided=True) == 0
+    job = {"target_half_width": 0.0, "decide": 1.0, "run_to_run_cv": 0.045}
+    assert job_settled(ref, cand, job) and not job_settled(*cheap, job)
     cand[4] = ref[4] / 1.1  # one pair above 1x
-    assert not unanimous(ref, cand, 1.0)
-    assert not settled(paired_speedup(ref, cand), 0.0, 1.0, 0.045, unanimous(ref, cand, 1.0))
-    assert settled(paired_speedup(ref, cand), 0.0, 1.0, 0.045, True)
+    assert not unanimous(ref, cand, 1.0) and not job_settled(ref, cand, job)
