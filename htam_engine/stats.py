@@ -79,7 +79,7 @@ def side(interval: Interval, threshold: float | None) -> int:
 # slow. Dear means that the pairs' calls took a second in all (100 ms a pair), as the
 # shortest timing does (`judging.MIN_TIMING_S`): pairs that short see few states of the
 # machine, and cheap pairs are better spent steadying the estimate (a 22 ms softmax whose
-# pairs a neighbour disturbed stopped at 11 with 0.20x where its other runs said 0.16x).
+# pairs were disturbed stopped at 11 with 0.20x where its other runs said 0.16x).
 DECIDE_WIDEN = 1.5
 DECIDE_MIN_PAIRS = 20
 UNANIMOUS_MIN_PAIRS = 10

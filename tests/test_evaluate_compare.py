@@ -78,13 +78,15 @@ def test_a_wrong_incumbent_is_no_standard_for_the_candidate(task_path: Path) -> 
 
 def test_a_duel_asked_about_a_margin_says_whether_it_decided_it(task_path: Path) -> None:
     """A real duel asked about 1.02x: converged exactly when its pairs' interval narrowed
-    or its interval decided the question (which the verdict then records); how many
-    pairs the machine's load leaves it is not this test's business."""
+    or its interval (with its pairs: `stats.unanimous`) decided the question (which the
+    verdict then records); how many pairs the machine's load leaves it is not this test's
+    business."""
     slower = _with_forward_prefix(NAIVE, "__import__('time').sleep(0.02)")  # quick pairs
     verdict = compare(load_task(task_path), NAIVE, slower, device="cpu", decide=1.02)
     assert verdict.correct, verdict.error
     assert verdict.interval is not None and verdict.within_run_half_width is not None
-    decided = stats.decided(verdict.interval, 1.02) != 0
+    pairs = verdict.samples["reference"], verdict.samples["candidate"]
+    decided = stats.decided(verdict.interval, 1.02, stats.unanimous(*pairs, 1.02)) != 0
     assert verdict.converged == (verdict.within_run_half_width <= 0.05 or decided)
     assert ("decided_at" in verdict.spread) == decided
 

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,14 +113,25 @@ def test_cli_eval_shows_its_phase_on_a_terminal_and_nothing_in_a_pipe() -> None:
     assert piped.stderr.startswith("correct on 3 input sets") and "[cached]" in piped.stderr
 
 
-def _softmax_sleeping(folder: Path, seconds: str) -> Path:
-    """The softmax example, its candidate's calls also sleeping `seconds` (an expression)."""
+def _eval_softmax_sleeping(folder: Path, seconds: str) -> list[str]:
+    """`htam eval` of the softmax example, its candidate's calls also sleeping `seconds`
+    (an expression)."""
     shutil.copytree(SOFTMAX.parent, folder / "softmax")
     head = "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
     sleep = f"        __import__('time').sleep({seconds})\n"
     slowed = folder / "softmax" / "slowed.py"
     slowed.write_text(SOFTMAX.read_text().replace(head, head + sleep))
-    return slowed
+    return [sys.executable, "-m", "htam_engine.cli", "eval", str(slowed), str(slowed)]
+
+
+def _decided_below_1x(command: list[str]) -> dict[str, Any]:
+    """The verdict of `command --json`, which must have decided it is slower than 1x."""
+    done = subprocess.run(command + ["--json"], capture_output=True, text=True)
+    verdict: dict[str, Any] = json.loads(done.stdout)
+    assert verdict["correct"], done.stderr
+    assert verdict["spread"]["decided_at"] == 1.0 and verdict["converged"]
+    assert verdict["interval"]["high"] < 1.0
+    return verdict
 
 
 def test_cli_eval_asks_whether_it_is_faster_and_stops_once_its_interval_decides_it(
@@ -127,14 +139,10 @@ def test_cli_eval_asks_whether_it_is_faster_and_stops_once_its_interval_decides_
 ):
     """By default (`--decide 1`), on a softmax whose calls also sleep 0-50 ms at random: its
     pairs do not narrow to 5 % in 20 (without a question, `--decide none`, it times until
-    its 6 s budget), yet it is so far below 1x that 20 pairs decide it."""
-    jittery = _softmax_sleeping(tmp_path, "__import__('random').random() * 0.05")
-    command = [sys.executable, "-m", "htam_engine.cli", "eval", str(jittery), str(jittery)]
-    done = subprocess.run(command + ["--json"], capture_output=True, text=True)
-    verdict = json.loads(done.stdout)
-    assert verdict["correct"], done.stderr
-    assert verdict["spread"]["decided_at"] == 1.0 and verdict["converged"]
-    assert verdict["interval"]["high"] < 1.0
+    its 6 s budget), yet it is so far below 1x that 20 pairs decide it (cheap pairs: 10 of
+    them do not, even all on one side)."""
+    command = _eval_softmax_sleeping(tmp_path, "__import__('random').random() * 0.05")
+    verdict = _decided_below_1x(command)
     assert stats.DECIDE_MIN_PAIRS <= verdict["interval"]["pairs"] < 2 * stats.DECIDE_MIN_PAIRS
     again = subprocess.run(command, capture_output=True, text=True)  # the cache answers
     assert f"decided below 1x after {verdict['interval']['pairs']} pairs" in again.stderr
@@ -149,12 +157,7 @@ def test_cli_eval_asks_whether_it_is_faster_and_stops_once_its_interval_decides_
 def test_cli_eval_decides_dear_pairs_all_on_one_side_sooner(tmp_path: Path) -> None:
     """A softmax whose calls also sleep 0.12 s: every pair lies below 1x, and 10 pairs
     already took `stats.UNANIMOUS_MIN_MS`, so they decide it before DECIDE_MIN_PAIRS."""
-    slowed = _softmax_sleeping(tmp_path, "0.12")
-    command = [sys.executable, "-m", "htam_engine.cli", "eval", str(slowed), str(slowed)]
-    done = subprocess.run(command + ["--json"], capture_output=True, text=True)
-    verdict = json.loads(done.stdout)
-    assert verdict["correct"], done.stderr
-    assert verdict["spread"]["decided_at"] == 1.0 and verdict["converged"]
+    verdict = _decided_below_1x(_eval_softmax_sleeping(tmp_path, "0.12"))
     assert stats.UNANIMOUS_MIN_PAIRS <= verdict["interval"]["pairs"] < stats.DECIDE_MIN_PAIRS
 
 

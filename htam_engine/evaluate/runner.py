@@ -584,10 +584,12 @@ def _record_conditions(
 
 
 def _decided(verdict: Verdict, decide: float | None) -> int:
-    """`stats.decided` for a timed verdict's interval and pairs."""
+    """`stats.decided` for a timed verdict's interval and its pairs (without them, as
+    if they were not all on one side)."""
     assert verdict.interval is not None
-    pairs = verdict.samples["reference"], verdict.samples["candidate"]
-    return stats.decided(verdict.interval, decide, stats.unanimous(*pairs, decide))
+    reference, candidate = (verdict.samples.get(side, []) for side in ("reference", "candidate"))
+    one_sided = bool(reference) and stats.unanimous(reference, candidate, decide)
+    return stats.decided(verdict.interval, decide, one_sided)
 
 
 _GPU_QUERY = {
