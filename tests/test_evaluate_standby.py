@@ -187,6 +187,13 @@ def _jobs() -> list[Path]:
     return sorted(subdir("jobs").iterdir())
 
 
+def _ctrl_c_as_on_a_terminal() -> None:
+    """SIGINT's default action in the child, as in a terminal's foreground: a test run
+    started in the background of a non-interactive shell ignores SIGINT, and a child
+    inherits that (the watch then never hears the test's Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_eval_watch_evaluates_each_save_with_the_judge_started_while_you_edit(
     tmp_path: Path,
 ) -> None:
@@ -201,6 +208,7 @@ def test_eval_watch_evaluates_each_save_with_the_judge_started_while_you_edit(
         [*command, str(candidate), "--watch", "--device", "cpu"],
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ctrl_c_as_on_a_terminal,
     )
     assert watch.stderr is not None
     lines, seen = _lines(watch.stderr), []
