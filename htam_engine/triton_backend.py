@@ -19,8 +19,7 @@ from typing import Any
 from tree_sitter import Node
 
 from htam_engine import parsing
-from htam_engine.parsing import text
-from htam_engine.strategies import triton as strategies_triton
+from htam_engine.parsing import text, triton_source
 
 INSTALL_HINT = "install htam[triton]"
 MIN_VERSION = (3, 2)  # the `triton>=3.2` of the extra
@@ -88,10 +87,10 @@ def foreign_calls(source: str) -> str:
     The GPU compiler rejects such calls; the interpreter runs them as Python, so numpy
     or torch there would do the work unseen (`prepare_interpreter` lifts the probes)."""
     root = parsing.parse(source, "python").root_node
-    kernels = strategies_triton.kernels(root)
+    kernels = triton_source.kernels(root)
     callable_ = _triton_names(root) | {k.name for k in kernels} | BUILTINS
     scopes = [k.decorated for k in kernels]
-    scopes += [strategies_triton.grid_code(launch) for k in kernels for launch in k.launches]
+    scopes += [triton_source.grid_code(launch) for k in kernels for launch in k.launches]
     hits = [hit for scope in scopes for hit in _foreign(scope, callable_, _locals(scope))]
     return "; ".join(dict.fromkeys(hits))
 

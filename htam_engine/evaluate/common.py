@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from htam_engine.evaluate.static import LAYOUT_OPS, RANDOM_OPS
+from htam_engine.evaluate.ops import LAYOUT_OPS, RANDOM_OPS
 from htam_engine.kernels import CompileError
 from htam_engine.vocabulary import TOLERANCES
 

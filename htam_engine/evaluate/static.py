@@ -27,49 +27,10 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 from htam_engine import triton_backend
+from htam_engine.evaluate.ops import LAYOUT_OPS, RANDOM_OPS
 from htam_engine.evaluate.verdict import Check
 from htam_engine.parsing import embedded_sources, parse, text, walk
 
-# Ops that only allocate, view, reshape or copy data, by their names in both torch's
-# Python API and aten (the static and the runtime check share them): anything else in a
-# candidate's forward is torch doing the computation.
-LAYOUT_OPS = frozenset(
-    [
-        "empty",
-        "empty_like",
-        "empty_strided",
-        "zeros",
-        "zeros_like",
-        "ones",
-        "ones_like",
-        "full",
-        "full_like",
-        "view",
-        "reshape",
-        "contiguous",
-        "unsqueeze",
-        "squeeze",
-        "permute",
-        "transpose",
-        "t",
-        "expand",
-        "to",
-        "clone",
-        "detach",
-        "copy_",
-        "fill_",
-        "zero_",
-        "new_empty",
-        "new_zeros",
-        "new_full",
-    ]
-)
-# Drawing random numbers is no computation either: a forward that draws them (an LSTM's
-# initial state, a dropout mask) must draw them with torch to match the reference's.
-RANDOM_OPS = frozenset(
-    {"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm"}
-    | {"normal_", "uniform_", "random_", "bernoulli", "bernoulli_"}
-)
 # Python-API names that are no computation either.
 ALLOWED_TORCH = (
     LAYOUT_OPS

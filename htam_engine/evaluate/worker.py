@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.autograd.profiler import profile
 
-from htam_engine import kernels, triton_backend
+from htam_engine import kernels
 from htam_engine.evaluate import common
 
 _GUARDED = common.guarded_attributes()
@@ -72,6 +72,15 @@ def _unwatched() -> Iterator[None]:
         yield
     finally:
         sys.setprofile(previous)
+
+
+def _prepare_triton(device: str) -> None:
+    """Triton's interpreter set up where the job needs it (imported here: the backend's
+    module brings a parser no other job's worker should pay for at its start)."""
+    from htam_engine import triton_backend
+
+    if triton_backend.interpreted(device):
+        triton_backend.prepare_interpreter(unwatched=_unwatched)
 
 
 def _op_name(event: Any) -> str:
@@ -152,8 +161,8 @@ class Harness:
                 self.candidate_path.read_text(), self.job["entry"], self.job["name"]
             )
         else:
-            if self.job["backend"] == "triton" and triton_backend.interpreted(self.job["device"]):
-                triton_backend.prepare_interpreter(unwatched=_unwatched)
+            if self.job["backend"] == "triton":
+                _prepare_triton(self.job["device"])
             module = common.import_file("htam_candidate", self.candidate_path)
             if not hasattr(module, "ModelNew"):
                 raise common.CandidateError("the candidate defines no `ModelNew`")

@@ -13,6 +13,7 @@ from tree_sitter import Node
 
 from htam_engine import parsing
 from htam_engine.parsing import text, triton_source
+from htam_engine.parsing.triton_source import Kernel, Launch, grid_code, kernels
 from htam_engine.strategies.base import Edit, Plan, Rewrite, indent_of
 
 WARPS = 8  # num_warps for a tile kernel launched with the default 4
@@ -20,103 +21,6 @@ STAGES = 4  # num_stages for a K loop (the default is 3 on NVIDIA GPUs)
 GROUP_M = 8  # rows of tiles that share B tiles in L2
 MAX_BLOCK_1D = 8192  # elements a one-dimensional program may hold after doubling
 MAX_TILE = 2**19  # elements of a multi-dimensional tile (product of its BLOCKs)
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One `kernel[grid](...)` call: its grid expression and keyword arguments."""
-
-    call: Node
-    grid: Node
-    arguments: Node
-    keywords: dict[str, Node]
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """A `@triton.jit` function with its parameters and launches in the file."""
-
-    decorated: Node
-    name: str
-    parameters: Node
-    constexprs: tuple[str, ...]
-    plain: tuple[str, ...]  # the other parameters, in order
-    autotuned: bool
-    launches: tuple[Launch, ...]
-
-    def blocks(self, launch: Launch) -> dict[str, int]:
-        """The BLOCK constexprs this launch passes as integer literals."""
-        return {
-            name: int(text(value))
-            for name, value in launch.keywords.items()
-            if "BLOCK" in name and name in self.constexprs and text(value).isdigit()
-        }
-
-
-def _parameter(node: Node) -> tuple[str, bool]:
-    """(name, is constexpr) of one parameter node."""
-    if node.type in ("typed_parameter", "typed_default_parameter"):
-        name = next((c for c in node.children if c.type == "identifier"), node)
-        annotation = text(node.child_by_field_name("type"))
-        return text(name), annotation.endswith("constexpr")
-    if node.type == "default_parameter":
-        return text(node.child_by_field_name("name")), False
-    return text(node), False
-
-
-def _keywords(arguments: Node) -> dict[str, Node]:
-    return {
-        text(arg.child_by_field_name("name")): value
-        for arg in arguments.named_children
-        if arg.type == "keyword_argument" and (value := arg.child_by_field_name("value"))
-    }
-
-
-def _launch(call: Node) -> Launch:
-    func = call.child_by_field_name("function")
-    arguments = call.child_by_field_name("arguments")
-    assert func is not None and arguments is not None
-    grid = func.child_by_field_name("subscript") or func
-    return Launch(call, grid, arguments, _keywords(arguments))
-
-
-def kernels(root: Node) -> list[Kernel]:
-    """Every `@triton.jit` kernel of a Python tree with its launches."""
-    found = []
-    for decorated in triton_source.triton_functions(root):
-        definition = decorated.child_by_field_name("definition")
-        assert definition is not None
-        name = text(definition.child_by_field_name("name"))
-        params = definition.child_by_field_name("parameters")
-        assert params is not None
-        pairs = [_parameter(p) for p in params.named_children if p.type != "comment"]
-        found.append(
-            Kernel(
-                decorated=decorated,
-                name=name,
-                parameters=params,
-                constexprs=tuple(n for n, const in pairs if const),
-                plain=tuple(n for n, const in pairs if not const),
-                autotuned="triton.autotune" in triton_source.decorators(decorated),
-                launches=tuple(map(_launch, triton_source.launch_calls(root, name))),
-            )
-        )
-    return found
-
-
-def grid_code(launch: Launch) -> Node:
-    """The grid's code: the expression, or the def / assignment a grid name refers to in
-    the launch's scope."""
-    if launch.grid.type != "identifier":
-        return launch.grid
-    scope = launch.call.parent
-    while scope is not None and scope.type not in ("function_definition", "module"):
-        scope = scope.parent
-    for node in parsing.walk(scope) if scope is not None else []:
-        named = node.child_by_field_name("name" if node.type == "function_definition" else "left")
-        if node.type in ("function_definition", "assignment") and text(named) == text(launch.grid):
-            return node
-    return launch.grid
 
 
 def _hard_coded(launch: Launch, values: dict[str, int]) -> str | None:
