@@ -465,6 +465,10 @@ def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
             break
     else:
         raise AssertionError(f"{WIN_ATTEMPTS} steps found nothing faster\n{vscode.htam_log()}")
+    # One notification for the step, in the server's words, offering the actions (checked
+    # at once: a toast hides itself after a while, and the results view takes a while).
+    vscode.page.locator(".notification-toast", has_text="faster than your code").first.wait_for()
+    assert "Show Actions" in vscode.notifications()
     # The results view: the trajectory and the engine's speedup plot, in the HTAM view.
     vscode.go_to_kernel()
     vscode.palette("HTAM: Show Results")
@@ -473,9 +477,6 @@ def test_trusted_folder_next_step_light_bulb_and_hover(vscode: VSCode) -> None:
     vscode.shot("results-plot", keep="vscode-results-plot")
     vscode.palette("View: Close All Editors")
     vscode.open_kernel()
-    # One notification for the step, in the server's words, offering the actions.
-    vscode.page.locator(".notification-toast", has_text="faster than your code").first.wait_for()
-    assert "Show Actions" in vscode.notifications()
 
     # An edit elsewhere in the file (a comment on line 1) keeps the suggestion.
     note = "# a note written while HTAM ran\n"
