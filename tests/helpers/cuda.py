@@ -21,9 +21,9 @@ def kernel_sources(python_source: str) -> list[str]:
 
 
 def nvcc_compile(source: str, workdir: Path) -> subprocess.CompletedProcess[str]:
-    """`nvcc -arch=sm_80 -c` on a kernel source (no torch headers needed)."""
+    """`nvcc -arch=sm_80 -cubin` on a kernel source (no torch headers needed)."""
     assert NVCC is not None
     path = workdir / "kernel.cu"
     path.write_text(source)
-    command = [NVCC, "-arch=sm_80", "-c", str(path), "-o", str(workdir / "kernel.o")]
+    command = [NVCC, "-arch=sm_80", "-cubin", str(path), "-o", str(workdir / "kernel.cubin")]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
