@@ -7,8 +7,9 @@ rewrites use are in their modules:
 - `trees`: parse, walk, text, has_errors
 - `python_source`: loader calls, their arguments, embedded C++/CUDA sources and flags
 - `cxx_source`: C++/CUDA functions, launches, loops, constants, per-function facts
-- `triton_source`: `@triton.jit` functions, decorators, launches, `tl.*` calls
-- `units`: `KernelUnit` and `kernels`, the one kernel model
+- `triton_source`: `@triton.jit` functions, decorators, launches, `tl.*` calls, and
+  `Kernel`, a Triton kernel with its launches (what the Triton rewrites and backend edit)
+- `units`: `KernelUnit` and `kernels`, the kernel model the editor and the loop see
 - `tags`: `features`, the static feature tags per backend
 - `family`: the operator family of a task
 """
