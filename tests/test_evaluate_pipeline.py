@@ -148,8 +148,8 @@ def test_cli_eval_asks_whether_it_is_faster_and_stops_once_its_interval_decides_
 ):
     """By default (`--decide 1`), on a softmax whose calls run its kernel once or three
     times at random: its pairs do not narrow to 5 % (without a question, `--decide none`,
-    it times until its budget or trial cap), yet it is so far below 1x that the first
-    look the rule allows decides it."""
+    it times until its budget or trial cap), yet it is so far below 1x that it is decided
+    within 40 pairs, and no sooner than the rule allows."""
     command = _eval_softmax_repeating(tmp_path, "1 + 2 * __import__('random').getrandbits(1)")
     verdict = _decided_below_1x(command)
     again = subprocess.run(command, capture_output=True, text=True)  # the cache answers
