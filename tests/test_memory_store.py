@@ -130,6 +130,24 @@ def test_corrupt_store_is_rebuilt_from_journal_with_one_message(
     assert list(tmp_path.glob(f"{DB_NAME}.corrupt-*"))
 
 
+def test_a_busy_store_is_an_error_and_never_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock held past the timeout is not damage: nothing is moved aside or replayed."""
+    store = MemoryStore(tmp_path)
+    store.apply_outcome(outcome())
+    store.close()
+    monkeypatch.setattr("htam_engine.memory.store.BUSY_TIMEOUT_MS", 300)
+    holder = sqlite3.connect(tmp_path / DB_NAME, isolation_level=None)
+    holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        MemoryStore(tmp_path)
+    holder.close()
+    assert not list(tmp_path.glob(f"{DB_NAME}.corrupt-*"))
+    assert MemoryStore(tmp_path).graph("cpu").locals["omp_parallel_for"].stats.attempts == 1
+
+
 @pytest.mark.parametrize(
     "content",
     [

@@ -29,6 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from htam_engine import database
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.paths import subdir
 from htam_engine.task import Task, allowed_ops
@@ -134,9 +135,8 @@ def usable_as_baseline(verdict: Verdict) -> bool:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
+    db = database.open_wal(path, BUSY_TIMEOUT_S)
     try:
-        db.execute("PRAGMA journal_mode = WAL")
         db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, record TEXT)")
     except sqlite3.DatabaseError:
         db.close()
@@ -147,11 +147,13 @@ def _connect(path: Path) -> sqlite3.Connection:
 @contextlib.contextmanager
 def _open() -> Iterator[sqlite3.Connection]:
     """The cache database; a damaged one is moved aside and started afresh (it is only a
-    cache: every verdict in it can be measured again)."""
+    cache: every verdict in it can be measured again). A busy one is waited for."""
     path = subdir("eval-cache") / DB_NAME
     try:
         db = _connect(path)
-    except sqlite3.DatabaseError:
+    except sqlite3.DatabaseError as error:
+        if not database.damaged(error):
+            raise
         path.replace(path.with_name(f"{DB_NAME}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"))
         db = _connect(path)
     try:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from htam_engine import paths
+from htam_engine import database, paths
 from htam_engine.memory.model import (
     BACKENDS,
     EVIDENCE_BOUND,
@@ -107,11 +107,9 @@ class MemoryStore:
     # --- opening, migration, recovery ------------------------------------------------
 
     def _connect(self, path: Path) -> sqlite3.Connection:
-        db = sqlite3.connect(
-            path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        db = database.open_wal(
+            path, BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
         )
-        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
         return db
 
@@ -119,6 +117,8 @@ class MemoryStore:
         try:
             return self._try_open()
         except sqlite3.DatabaseError as error:
+            if not database.damaged(error):
+                raise  # busy past the timeout, a full disk: not the file's fault
             return self._rebuild(str(error))
 
     def _try_open(self) -> sqlite3.Connection:
@@ -160,8 +160,11 @@ class MemoryStore:
         the first rebuilds and the others open its result.
         """
         with self._journal_lock():
-            with contextlib.suppress(sqlite3.DatabaseError):
+            try:
                 return self._try_open()  # another process rebuilt it while we waited
+            except sqlite3.DatabaseError as error:
+                if not database.damaged(error):
+                    raise
             stamp = time.strftime("%Y%m%d-%H%M%S")
             for suffix in ("", "-wal", "-shm"):
                 old = Path(f"{self.db_path}{suffix}")
