@@ -132,7 +132,7 @@ def _decided_below_1x(command: list[str]) -> dict[str, Any]:
     `stats.unanimous` (all below 1x, and their calls took UNANIMOUS_MIN_MS)."""
     done = subprocess.run(command + ["--json"], capture_output=True, text=True)
     verdict: dict[str, Any] = json.loads(done.stdout)
-    assert verdict["correct"], done.stderr
+    assert verdict["correct"], (verdict.get("error"), verdict.get("checks"), done.stderr)
     why = (verdict["interval"], verdict["spread"], verdict["samples"])
     assert verdict["spread"].get("decided_at") == 1.0 and verdict["converged"], why
     assert verdict["interval"]["high"] < 1.0
