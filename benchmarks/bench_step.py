@@ -15,7 +15,9 @@ its step event), the start (step 0) and the closing duel (after the last step), 
 time from the command's start to its first event. Printed as Markdown tables: medians
 over the examples, per checkout and condition, and the ratio after/before. With `--evals
 N`, instead: N one-shot `htam eval`s per example of a candidate never built before, in a
-home whose machine limits are measured (wall time and the verdict's phases). With
+home whose machine limits are measured (wall time and the verdict's phases), each 5 s
+after the last, as after an edit (a checkout that keeps a judge between commands has
+started it by then). With
 `--watched N`, instead: per example, N saves of a candidate never built before into a file
 that `htam eval --watch` watches (from the save to its verdict), alternating with N one-shot
 `htam eval`s of the same kind (this checkout only: `--watch` is new).
@@ -24,10 +26,12 @@ that `htam eval --watch` watches (from the save to its verdict), alternating wit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import multiprocessing
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,7 +43,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("softmax", "gelu", "linear_relu", "matmul")
-WATCH_EDIT_S = 5.0  # between a verdict and the next save under --watch
+WATCH_EDIT_S = 5.0  # between a verdict and the next save under --watch, or one-shot
 PHASES = ("select", "generate", "compile", "verify", "time", "confirm", "update")
 
 
@@ -116,13 +120,23 @@ def evals(checkouts: dict[str, Path], examples: list[str], count: int, condition
     for run in range(count):
         for example in examples:
             for name, checkout in checkouts.items():
+                time.sleep(WATCH_EDIT_S)  # as after an edit: a kept judge has started
                 measure = functools.partial(run_eval, checkout, example, homes[name], run)
                 row = loaded(measure) if condition == "loaded" else measure()
                 row["first"] = run == 0 and example != examples[0]
                 rows[name].append(row)
                 print(f"eval, {name}, {condition}: {json.dumps(row)}", file=sys.stderr)
+    for home in homes.values():
+        _stop_keeper(home)
     print(f"\none-shot `htam eval`, {condition}, medians of {count} x {len(examples)}:")
     print(eval_table(rows))
+
+
+def _stop_keeper(home: str) -> None:
+    """The judge a one-shot left kept in `home` (`keeper`), stopped with its keeper."""
+    lock = Path(home) / "keeper" / "keeper.lock"
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int(lock.read_text()), signal.SIGTERM)
 
 
 def watched(examples: list[str], count: int) -> None:

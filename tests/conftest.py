@@ -29,6 +29,7 @@ def hermetic_env(
     monkeypatch.setenv("HTAM_MACHINE_LIMITS", str(machine_limits_file))
     monkeypatch.setenv("HTAM_BUILD_DIR", str(root / "builds"))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root / "torch-extensions"))
+    monkeypatch.setenv("HTAM_KEEPER", "0")  # no judge kept past a test (its own tests aside)
     for name in STRIPPED:
         monkeypatch.delenv(name, raising=False)
     yield root

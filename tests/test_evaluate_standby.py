@@ -244,3 +244,16 @@ def test_eval_watch_is_for_people_not_for_json() -> None:
     )
     assert done.returncode == 2 and "drop --json" in done.stderr
     assert json.loads(done.stdout)["error"]["kind"] == "user_error"
+
+
+def test_a_judge_started_before_its_task_serves_the_task_given_later() -> None:
+    """A spare kept between commands (`keeper`) is started under conditions only."""
+    conditions = {"device": "cpu", "backend": "cpu", "threads": 1, "memory_mb": 4096}
+    started = standby.launch(conditions)
+    try:
+        assert not (started.jobdir / "reference.py").exists()
+        started.assign({**conditions, "name": "x"}, (FIXTURES / "reference.py").read_text())
+        sized = started.size(120)
+        assert sized.inputs and sized.inputs > 0, sized
+    finally:
+        started.finish()

@@ -153,12 +153,18 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--watch prints a verdict at each change, for people: drop --json")
     if args.watch:
         return _watch(args)
-    return _report(_verdict(args), args.json)
+    task, candidate = _task(args)
+    verdict = _verdict(args, task, candidate)
+    code = _report(verdict, args.json)
+    if verdict.inputs_checked:  # a judge served it: one is kept started for the next
+        from htam_engine.evaluate import keeper, runner
+
+        keeper.ensure(runner.judge_conditions(task, args.device))
+    return code
 
 
-def _verdict(args: argparse.Namespace) -> Verdict:
-    from htam_engine.evaluate import evaluate, sizes
-
+def _task(args: argparse.Namespace) -> tuple[Task, str]:
+    """The task as evaluated (its policy, the candidate in place), and the candidate."""
     task = with_policy(load_task(args.task), args.allow_torch, args.scale)
     try:
         candidate = args.candidate.read_text(encoding="utf-8")
@@ -166,6 +172,12 @@ def _verdict(args: argparse.Namespace) -> Verdict:
         raise UserError(f"cannot read candidate {args.candidate}: {error}") from None
     if task.impl_path is None or task.impl_path.resolve() != args.candidate.resolve():
         task = _with_candidate(task, args.candidate, candidate)
+    return task, candidate
+
+
+def _verdict(args: argparse.Namespace, task: Task, candidate: str) -> Verdict:
+    from htam_engine.evaluate import evaluate, sizes
+
     progress = _Progress()
     try:
         progress("start")
@@ -225,7 +237,7 @@ def _watch(args: argparse.Namespace) -> int:
         stamps = _stamps(files)
         while True:
             try:
-                _report(_verdict(args), as_json=False)
+                _report(_verdict(args, *_task(args)), as_json=False)
             except UserError as error:
                 print(f"htam: error: {error}", file=sys.stderr)
             print(f"htam: watching {args.candidate} (Ctrl-C stops)", file=sys.stderr, flush=True)

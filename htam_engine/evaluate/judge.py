@@ -141,25 +141,27 @@ def _die_cleanly(jobdir: Path, sides: dict[str, Side]) -> None:
 
 
 def main(jobdir: Path) -> None:
-    """Start both workers from `standby.json` at once and, once the caller says
-    `prepare`, the reference's side; then wait for the caller's `job` line: a judge can
-    stand by, ready, before its candidate exists (`standby`); it serves one job and ends.
-    Before the job it sizes the problem whenever asked (`protocol.SIZE`)."""
+    """Start both workers from `conditions.json` at once and, once the caller says
+    `prepare`, the reference's side of the job in `standby.json`; then wait for the
+    caller's `job` line: a judge can stand by, ready, before its task is known (the
+    caller writes `reference.py` and `standby.json` before its first command) and before
+    its candidate exists (`standby`); it serves one job and ends. Before the job it
+    sizes the problem whenever asked (`protocol.SIZE`)."""
     token = sys.stdin.readline().strip()
     libc = ctypes.CDLL(None)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)  # orphans of the workers come back to us
     sides: dict[str, Side] = {}
     signal.signal(signal.SIGTERM, lambda *_: _die_cleanly(jobdir, sides))
-    standby = json.loads((jobdir / "standby.json").read_text())
-    _cap_memory(standby)
+    conditions = json.loads((jobdir / "conditions.json").read_text())
+    _cap_memory(conditions)
     try:
-        sides.update((role, Side(role, jobdir, standby)) for role in ROLES)
+        sides.update((role, Side(role, jobdir, conditions)) for role in ROLES)
         from htam_engine.evaluate.judging import Judge  # torch, beside the workers' imports
 
         if _command(token, jobdir) != protocol.PREPARE:
             raise SystemExit(0)
         with _reference_code("preparing the inputs"):
-            judge = Judge(jobdir, standby, token, sides)
+            judge = Judge(jobdir, _standby(jobdir, conditions), token, sides)
             judge.prepare()
         if _command(token, jobdir) != protocol.JOB:
             raise SystemExit(0)
@@ -174,6 +176,14 @@ def main(jobdir: Path) -> None:
         _say(token, protocol.Failed("evaluator_error", message))
     finally:
         _close(sides)
+
+
+def _standby(jobdir: Path, conditions: dict[str, Any]) -> dict[str, Any]:
+    """The job known ahead of its candidate; its workers were started under `conditions`."""
+    standby: dict[str, Any] = json.loads((jobdir / "standby.json").read_text())
+    if any(standby.get(key) != value for key, value in conditions.items()):
+        raise Stop("evaluator_error", "the job does not match the conditions the judge has")
+    return standby
 
 
 @contextlib.contextmanager

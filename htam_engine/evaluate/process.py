@@ -20,9 +20,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 from htam_engine.evaluate import reaper, sandbox
 from htam_engine.machine import kill_process_group
@@ -46,6 +46,18 @@ class Stop(Exception):
         self.line = line
 
 
+class Process(Protocol):
+    """What `Child` uses of its process: `subprocess.Popen`'s, or a lent judge's."""
+
+    pid: int
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
@@ -62,15 +74,12 @@ class Child:
         memory_mb: int | None = None,
         token: str | None = None,
         death_signal: int = signal.SIGKILL,
+        listen: bool = True,
     ) -> None:
-        self.name = name
-        self.log = log
-        self.token = token
-        self.frozen: list[int] = []
-        self.reaped = sandbox.REAPER in argv  # its process is the command's reaper
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        """Start `argv`; with `listen` off its output is left unread in the pipe, for the
+        process it is lent to (`keeper`)."""
         with log.open("ab") as stderr:
-            self.popen = subprocess.Popen(
+            popen = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -80,14 +89,45 @@ class Child:
                 start_new_session=True,
                 preexec_fn=sandbox.limits(memory_mb, death_signal),
             )
+        self._attach(name, popen, log, token, reaped=sandbox.REAPER in argv)
         if token is not None:
             self.send(token)
+        if listen:
+            self.listen()
+
+    @classmethod
+    def adopt(cls, name: str, process: Process, log: Path, token: str) -> Child:
+        """A child another process started and lent (`keeper.Lent`), its token sent."""
+        child = cls.__new__(cls)
+        child._attach(name, process, log, token, reaped=False)
+        child.listen()
+        return child
+
+    def _attach(
+        self, name: str, popen: Process, log: Path, token: str | None, reaped: bool
+    ) -> None:
+        self.name = name
+        self.log = log
+        self.token = token
+        self.frozen: list[int] = []
+        self.reaped = reaped  # its process is the command's reaper
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.popen: Process = popen
+
+    def listen(self) -> None:
         threading.Thread(target=self._read, daemon=True).start()
 
-    def _read(self) -> None:
+    def _lines(self) -> Iterator[bytes]:
+        """The child's output lines; its pipe closed under the reader ends them as its
+        end does (a lent judge's, given back: `keeper.Lent.close`)."""
         assert self.popen.stdout is not None
+        with contextlib.suppress(ValueError, OSError):
+            while line := self.popen.stdout.readline(MAX_LINE + 1):
+                yield line
+
+    def _read(self) -> None:
         total = 0
-        while line := self.popen.stdout.readline(MAX_LINE + 1):
+        for line in self._lines():
             stamp = time.perf_counter()
             total += len(line)
             if len(line) > MAX_LINE or total > MAX_OUTPUT:

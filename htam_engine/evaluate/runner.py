@@ -274,6 +274,11 @@ def size_problem(
     return standby.size(_ahead_of(task, device, limits), task.reference_source, limit_s)
 
 
+def judge_conditions(task: Task, device: str = "auto") -> dict[str, Any]:
+    """What a judge for `task` on `device` is started under (`standby.CONDITIONS`)."""
+    return standby.conditions_of(_ahead_of(task, device, None))
+
+
 def _ahead_of(task: Task, device: str, limits: Limits | None) -> dict[str, Any]:
     resolved = machine.resolve_device(device, task.backend)
     return _ahead(task, resolved, limits or Limits())

@@ -25,8 +25,8 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +39,36 @@ ROLES = ("reference", "candidate")
 _BOX_FOLDERS = ("tmp", "build", "cache", "torch_extensions")
 
 
+CONDITIONS = ("device", "backend", "threads", "memory_mb")  # what a judge starts under
+
+
+def conditions_of(ahead: dict[str, Any]) -> dict[str, Any]:
+    """What a judge and its workers are started under, whatever the task."""
+    return {key: ahead[key] for key in CONDITIONS}
+
+
 @dataclass
 class Started:
-    """A judge, started in its own job folder for the job `ahead` (everything but the
-    candidate) of the reference `reference`, waiting for its candidate; `job` is `ahead`
-    with the judge's init seed."""
+    """A judge, started in its own job folder under `conditions`, waiting for its task
+    (`assign`) and then for its candidate; `job` is `ahead` with the judge's init seed."""
 
     jobdir: Path
     judge: Child
-    ahead: dict[str, Any]
-    reference: str
-    job: dict[str, Any]
+    conditions: dict[str, Any]
     owner: int  # the folder's lock, held while the judge lives
-    held: bool  # its input sets not yet made: `prepare` lets it
+    ahead: dict[str, Any] | None = None  # the job known before the candidate, once assigned
+    reference: str = ""
+    job: dict[str, Any] = field(default_factory=dict)
+    held: bool = True  # its input sets not yet made: `prepare` lets it
+    give_back: Callable[[], None] | None = None  # lent by a keeper: this returns it
+
+    def assign(self, ahead: dict[str, Any], reference: str) -> None:
+        """Give the judge its task (once, before `size` or `prepare`)."""
+        assert self.ahead is None and conditions_of(ahead) == self.conditions
+        self.ahead, self.reference = ahead, reference
+        self.job = {**ahead, "init_seed": secrets.randbelow(2**31)}
+        (self.jobdir / "reference.py").write_text(reference)
+        (self.jobdir / "standby.json").write_text(json.dumps(self.job))
 
     def prepare(self) -> None:
         """Let the judge make its input sets and expected outputs (once)."""
@@ -74,11 +91,14 @@ class Started:
         self.judge.kill()
         shutil.rmtree(self.jobdir, ignore_errors=True)
         os.close(self.owner)
+        if self.give_back is not None:
+            self.give_back()
 
 
-def start(ahead: dict[str, Any], reference: str, held: bool = False) -> Started:
-    """A new job folder (both boxes, `reference.py`, `standby.json`) and its judge,
-    started; `held`, it only starts its workers and imports torch until `prepare`."""
+def launch(conditions: dict[str, Any], listen: bool = True) -> Started:
+    """A new job folder (both boxes, `conditions.json`) and its judge, started: it
+    starts its workers and imports torch, and waits for its task; `listen` off, its
+    output is left for the process it is lent to (`keeper`)."""
     clean_stale_jobs()
     jobdir = Path(tempfile.mkdtemp(prefix="eval-", dir=subdir("jobs")))
     owner = os.open(jobdir / ".owner", os.O_RDWR | os.O_CREAT, 0o600)
@@ -86,9 +106,7 @@ def start(ahead: dict[str, Any], reference: str, held: bool = False) -> Started:
     for role in ROLES:
         for folder in _BOX_FOLDERS:
             (jobdir / role / folder).mkdir(parents=True)
-    job = {**ahead, "init_seed": secrets.randbelow(2**31)}
-    (jobdir / "reference.py").write_text(reference)
-    (jobdir / "standby.json").write_text(json.dumps(job))
+    (jobdir / "conditions.json").write_text(json.dumps(conditions))
     judge = Child(
         "judge",
         python_module("htam_engine.evaluate.judge", str(jobdir)),
@@ -97,8 +115,16 @@ def start(ahead: dict[str, Any], reference: str, held: bool = False) -> Started:
         jobdir / "judge.log",
         token=secrets.token_hex(16),
         death_signal=signal.SIGTERM,  # it cleans up the job folder when the caller dies
+        listen=listen,
     )
-    started = Started(jobdir, judge, ahead, reference, job, owner, held=True)
+    return Started(jobdir, judge, conditions, owner)
+
+
+def start(ahead: dict[str, Any], reference: str, held: bool = False) -> Started:
+    """A judge started for the task `ahead` of `reference`; `held`, it only starts its
+    workers and imports torch until `prepare`."""
+    started = launch(conditions_of(ahead))
+    started.assign(ahead, reference)
     if not held:
         started.prepare()
     return started
@@ -120,7 +146,9 @@ class _Spare:
             return spare
         if spare is not None:
             spare.finish()
-        return start(ahead, reference)
+        started = _started(ahead, reference)
+        started.prepare()
+        return started
 
     def refill(self, ahead: dict[str, Any], reference: str) -> None:
         if self.warm:
@@ -137,7 +165,7 @@ class _Spare:
                 self.started.finish()
                 self.started = None
             if self.started is None:
-                self.started = start(ahead, reference, held=True)
+                self.started = _started(ahead, reference)
             started = self.started
         try:
             return started.size(limit_s)
@@ -150,6 +178,15 @@ class _Spare:
             spare, self.started = self.started, None
         if spare is not None:
             spare.finish()
+
+
+def _started(ahead: dict[str, Any], reference: str) -> Started:
+    """A judge for the task `ahead`, held: a keeper's, lent, or else one started now."""
+    from htam_engine.evaluate import keeper  # it lends what this module starts
+
+    started = keeper.borrow(conditions_of(ahead)) or launch(conditions_of(ahead))
+    started.assign(ahead, reference)
+    return started
 
 
 _SPARE = _Spare()
