@@ -120,21 +120,40 @@ time.sleep(600)
 """
 
 
-def test_other_conditions_get_no_judge_and_the_next_request_changes_the_spare(
-    keeping: None,
+@pytest.mark.parametrize("change", ["conditions", "environment"])
+def test_a_command_under_other_conditions_gets_no_judge_and_its_request_changes_the_spare(
+    keeping: None, monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
     keeper.ensure(CONDITIONS)
     _until(lambda: len(_spares()) == 1, "the keeper starts a judge")
-    other = {**CONDITIONS, "memory_mb": CONDITIONS["memory_mb"] * 2}
-    assert keeper.borrow(other) is None
     (waiting,) = _spares()
+    other = CONDITIONS
+    if change == "conditions":
+        other = {**CONDITIONS, "memory_mb": CONDITIONS["memory_mb"] * 2}
+    else:  # the judge's environment: another GPU, another compiler, ...
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    assert keeper.borrow(other) is None
     keeper.ensure(other)
-    _until(lambda: not waiting.exists() and len(_spares()) == 1, "a spare under the new ones")
+    _until(lambda: not waiting.exists() and len(_spares()) == 1, "a spare for the new ones")
     started = keeper.borrow(other)
     assert started is not None and started.conditions == other
     started.assign({**other, "name": "x"}, (FIXTURES / "reference.py").read_text())
     started.finish()
     _until(lambda: not started.jobdir.exists(), "given back, it is gone")
+
+
+def test_a_command_running_other_code_retires_the_keeper_and_starts_its_own(
+    keeping: None,
+) -> None:
+    """After an upgrade (or in another interpreter) no judge of the old code is lent."""
+    keeper.ensure(CONDITIONS)
+    _until(lambda: len(_spares()) == 1, "the keeper starts a judge")
+    old = _keeper_pid()
+    upgraded = {"borrow": CONDITIONS, "context": {**keeper.context(), "code": "0" * 16}}
+    assert keeper._request(upgraded) == {"retiring": True}
+    _until(lambda: _keeper_pid() is None and not _spares(), "it leaves, with its judge")
+    keeper.ensure(CONDITIONS)
+    _until(lambda: _keeper_pid() not in (None, old), "the command started a keeper of its own")
 
 
 def test_the_keeper_leaves_after_its_idle_time_and_takes_its_judge(keeping: None) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import select
@@ -46,12 +47,30 @@ SOCKET_NAME = "keeper.sock"
 LOCK_NAME = "keeper.lock"
 LOG_NAME = "keeper.log"
 ENV_SWITCH = "HTAM_KEEPER"
+MAX_REQUEST = 1 << 16
 _FDS = 4  # the judge's stdin and stdout, its pidfd, its folder's lock
 
 
 def enabled() -> bool:
     """Is a keeper allowed here: not turned off, and candidates run under bwrap."""
     return os.environ.get(ENV_SWITCH, "1") != "0" and sandbox_mode() == "bwrap"
+
+
+def context(env: dict[str, str] | None = None) -> dict[str, str]:
+    """What a judge depends on besides its conditions: the interpreter, HTAM's code as it
+    is on disk now, and the judge's environment (`env`, default: this process's). A
+    command after an upgrade, or in another environment, never borrows a judge started
+    before it."""
+    package = Path(__file__).resolve().parents[1]
+    code = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        code.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    judged = json.dumps(standby.judge_env() if env is None else env, sort_keys=True)
+    return {
+        "python": sys.executable,
+        "code": code.hexdigest()[:16],
+        "env": hashlib.sha256(judged.encode()).hexdigest()[:16],
+    }
 
 
 def _folder() -> Path:
@@ -102,7 +121,8 @@ def borrow(conditions: dict[str, Any]) -> standby.Started | None:
     fds: list[int] = []
     try:
         connection.connect(str(_folder() / SOCKET_NAME))
-        connection.sendall(json.dumps({"borrow": conditions}).encode() + b"\n")
+        request = {"borrow": conditions, "context": context()}
+        connection.sendall(json.dumps(request).encode() + b"\n")
         message, fds, _flags, _address = socket.recv_fds(connection, 4096, _FDS)
         reply = json.loads(message)
         if not isinstance(reply, dict) or "jobdir" not in reply or len(fds) != _FDS:
@@ -130,8 +150,12 @@ def ensure(conditions: dict[str, Any]) -> None:
     if not enabled():
         return
     if _running():
-        _request({"want": conditions})
-        return
+        asked = {"want": conditions, "env": standby.judge_env(), "context": context()}
+        if not _request(asked).get("retiring"):
+            return
+        deadline = time.monotonic() + REPLY_S  # it runs older code: a new keeper follows
+        while _running() and time.monotonic() < deadline:
+            time.sleep(0.05)
     folder = _folder()
     with (folder / LOG_NAME).open("ab") as log:
         subprocess.Popen(
@@ -144,12 +168,15 @@ def ensure(conditions: dict[str, Any]) -> None:
         )
 
 
-def _request(message: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as connection:
+def _request(message: dict[str, Any]) -> dict[str, Any]:
+    """The keeper's reply to `message` ({} without one)."""
+    with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX) as connection:
         connection.settimeout(REPLY_S)
         connection.connect(str(_folder() / SOCKET_NAME))
         connection.sendall(json.dumps(message).encode() + b"\n")
-        connection.recv(4096)
+        reply = json.loads(connection.recv(4096))
+        return reply if isinstance(reply, dict) else {}
+    return {}
 
 
 def _running() -> bool:
@@ -168,31 +195,37 @@ def _running() -> bool:
 
 class Keeper:
     """One spare judge, lent to one command at a time; the next is started only when a
-    command asks for it after its evaluation (`want`), as an in-process spare is."""
+    command asks for it after its evaluation (`want`), as an in-process spare is. A
+    command running other code than the keeper's (an upgrade, another interpreter) makes
+    it retire: it leaves once nothing is lent, and that command starts a new one."""
 
-    def __init__(self, conditions: dict[str, Any]) -> None:
+    def __init__(self, conditions: dict[str, Any], env: dict[str, str]) -> None:
+        self.own = context(env)
         self.spare: standby.Started | None = None
+        self.spare_context: dict[str, str] = {}
         self.lent: dict[socket.socket, standby.Started] = {}
         self.last_used = time.monotonic()
-        self.wanted = conditions
+        self.wanted = (conditions, env)
         self.pending = True  # a spare is asked for and not yet started
-
-    def want(self, conditions: dict[str, Any]) -> None:
-        self.wanted, self.pending = conditions, True
+        self.retiring = False
 
     def tend(self) -> None:
         """Start the spare asked for, once no judge is lent: none starts beside a
         timing (a command asks after its evaluation, perhaps before it gave back)."""
-        if not self.pending or self.lent:
+        if not self.pending or self.lent or self.retiring:
             return
+        conditions, env = self.wanted
         spare = self.spare
         if spare is not None and (
-            spare.conditions != self.wanted or spare.judge.popen.poll() is not None
+            spare.conditions != conditions
+            or self.spare_context != context(env)
+            or spare.judge.popen.poll() is not None
         ):
             spare.finish()
             self.spare = None
         if self.spare is None:
-            self.spare = standby.launch(self.wanted, listen=False)
+            self.spare_context = context(env)
+            self.spare = standby.launch(conditions, listen=False, env=env)
         self.pending = False
 
     def answer(self, connection: socket.socket) -> bool:
@@ -202,20 +235,33 @@ class Keeper:
             if _peer_uid(connection) != os.getuid():
                 return False
             request = json.loads(_line(connection))
-        except (OSError, ValueError):
-            return False
-        if not isinstance(request, dict):
+            asked = request["context"]
+            code = {key: asked[key] for key in ("python", "code")}
+        except (OSError, ValueError, KeyError, TypeError):
             return False
         self.last_used = time.monotonic()
-        if isinstance(wanted := request.get("want"), dict):
-            self.want(wanted)
+        if code != {key: self.own[key] for key in code}:
+            self.retiring = True
+            _log("retiring: a command runs other code than this keeper's")
+            _say(connection, {"retiring": True})
+            return False
+        if isinstance(request.get("want"), dict) and isinstance(request.get("env"), dict):
+            self.wanted, self.pending = (request["want"], request["env"]), True
             _say(connection, {"wanted": True})
             return False
-        return isinstance(asked := request.get("borrow"), dict) and self.lend(connection, asked)
+        wanted = request.get("borrow")
+        return isinstance(wanted, dict) and self.lend(connection, wanted, asked)
 
-    def lend(self, connection: socket.socket, conditions: dict[str, Any]) -> bool:
+    def lend(
+        self, connection: socket.socket, conditions: dict[str, Any], asked: dict[str, str]
+    ) -> bool:
         spare = self.spare
-        if spare is None or spare.conditions != conditions or spare.judge.popen.poll() is not None:
+        if (
+            spare is None
+            or spare.conditions != conditions
+            or self.spare_context != asked
+            or spare.judge.popen.poll() is not None
+        ):
             _say(connection, {"none": "no spare judge for these conditions"})
             return False
         judge = spare.judge
@@ -240,6 +286,11 @@ class Keeper:
         connection.close()
         self.last_used = time.monotonic()
 
+    def done(self, idle_s: float) -> bool:
+        """Nothing lent, and retiring or idle for `idle_s`."""
+        idle = time.monotonic() - self.last_used >= idle_s
+        return not self.lent and (self.retiring or idle)
+
     def close(self) -> None:
         for connection in list(self.lent):
             self.give_back(connection)
@@ -248,10 +299,10 @@ class Keeper:
 
 
 def _line(connection: socket.socket) -> bytes:
-    """One request line (at most 4 kB)."""
+    """One request line (at most `MAX_REQUEST` bytes: an environment can be long)."""
     data = b""
-    while not data.endswith(b"\n") and len(data) < 4096:
-        chunk = connection.recv(4096 - len(data))
+    while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
+        chunk = connection.recv(MAX_REQUEST - len(data))
         if not chunk:
             break
         data += chunk
@@ -289,7 +340,7 @@ def serve(conditions: dict[str, Any], idle_s: float = IDLE_S) -> None:
     listener.bind(str(path))
     path.chmod(0o600)
     listener.listen()
-    keeper = Keeper(conditions)
+    keeper = Keeper(conditions, standby.judge_env())
     stopping = threading.Event()  # set by SIGTERM; seen between two steps, never inside one
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     try:
@@ -304,7 +355,7 @@ def _loop(
 ) -> None:
     chosen = selectors.DefaultSelector()
     chosen.register(listener, selectors.EVENT_READ)
-    while not stopping.is_set() and (keeper.lent or time.monotonic() - keeper.last_used < idle_s):
+    while not stopping.is_set() and not keeper.done(idle_s):
         keeper.tend()
         for key, _events in chosen.select(timeout=1.0):
             connection = key.fileobj

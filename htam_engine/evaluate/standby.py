@@ -95,10 +95,12 @@ class Started:
             self.give_back()
 
 
-def launch(conditions: dict[str, Any], listen: bool = True) -> Started:
-    """A new job folder (both boxes, `conditions.json`) and its judge, started: it
-    starts its workers and imports torch, and waits for its task; `listen` off, its
-    output is left for the process it is lent to (`keeper`)."""
+def launch(
+    conditions: dict[str, Any], listen: bool = True, env: dict[str, str] | None = None
+) -> Started:
+    """A new job folder (both boxes, `conditions.json`) and its judge, started in `env`
+    (default: `judge_env()`): it starts its workers and imports torch, and waits for its
+    task; `listen` off, its output is left for the process it is lent to (`keeper`)."""
     clean_stale_jobs()
     jobdir = Path(tempfile.mkdtemp(prefix="eval-", dir=subdir("jobs")))
     owner = os.open(jobdir / ".owner", os.O_RDWR | os.O_CREAT, 0o600)
@@ -111,7 +113,7 @@ def launch(conditions: dict[str, Any], listen: bool = True) -> Started:
         "judge",
         python_module("htam_engine.evaluate.judge", str(jobdir)),
         jobdir,
-        _judge_env(),
+        judge_env() if env is None else env,
         jobdir / "judge.log",
         token=secrets.token_hex(16),
         death_signal=signal.SIGTERM,  # it cleans up the job folder when the caller dies
@@ -252,7 +254,7 @@ def clean_stale_jobs() -> int:
     return removed
 
 
-def _judge_env() -> dict[str, str]:
+def judge_env() -> dict[str, str]:
     """The judge is trusted but needs no secrets either (`machine.trusted_env`)."""
     env = machine.trusted_env()
     env["PYTHONDONTWRITEBYTECODE"] = "1"
