@@ -6,10 +6,12 @@ small process without torch that keeps one judge started under the last command'
 conditions (`standby.CONDITIONS`), waiting for a task, and lends it to the next command
 over a Unix socket in `HTAM_HOME/keeper/`: the judge's pipes, a pidfd and its folder's
 lock pass as file descriptors (`SCM_RIGHTS`), and the command drives the judge as its
-own (`borrow`). The judge stays the keeper's child: once the command's connection
-closes (it finished, or died), the keeper kills what is left of it, and only when no
-judge is lent does it start the next, so no start runs beside a timing. It exits after
-`IDLE_S` without a command, and its spare with it.
+own (`borrow`). A judge is lent only to a command of the same conditions, interpreter,
+HTAM code and judge environment (`context`). The judge stays the keeper's child: once
+the command's connection closes (it finished, or died), the keeper kills what is left
+of it, and it starts the next only when a command asks after its evaluation and no
+judge is lent, so no start runs beside a timing. It exits after `IDLE_S` without a
+command, and its spare with it.
 
 The spare has seen no task and no candidate, and serves one job, as an in-process
 spare (`standby`). The keeper runs only under bwrap: a candidate then cannot reach
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,6 +82,17 @@ def _folder() -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def _address() -> Iterator[str]:
+    """The socket's path, through a descriptor of its folder: short, however long
+    `HTAM_HOME` is (a Unix socket's path is capped at 107 bytes)."""
+    descriptor = os.open(_folder(), os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{descriptor}/{SOCKET_NAME}"
+    finally:
+        os.close(descriptor)
+
+
 # --- the command's side ---------------------------------------------------------------
 
 
@@ -120,10 +134,11 @@ def borrow(conditions: dict[str, Any]) -> standby.Started | None:
     connection.settimeout(REPLY_S)
     fds: list[int] = []
     try:
-        connection.connect(str(_folder() / SOCKET_NAME))
+        with _address() as address:
+            connection.connect(address)
         request = {"borrow": conditions, "context": context()}
         connection.sendall(json.dumps(request).encode() + b"\n")
-        message, fds, _flags, _address = socket.recv_fds(connection, 4096, _FDS)
+        message, fds, _flags, _sender = socket.recv_fds(connection, 4096, _FDS)
         reply = json.loads(message)
         if not isinstance(reply, dict) or "jobdir" not in reply or len(fds) != _FDS:
             raise ValueError("no judge lent")
@@ -172,7 +187,8 @@ def _request(message: dict[str, Any]) -> dict[str, Any]:
     """The keeper's reply to `message` ({} without one)."""
     with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX) as connection:
         connection.settimeout(REPLY_S)
-        connection.connect(str(_folder() / SOCKET_NAME))
+        with _address() as address:
+            connection.connect(address)
         connection.sendall(json.dumps(message).encode() + b"\n")
         reply = json.loads(connection.recv(4096))
         return reply if isinstance(reply, dict) else {}
@@ -337,7 +353,8 @@ def serve(conditions: dict[str, Any], idle_s: float = IDLE_S) -> None:
     path = folder / SOCKET_NAME
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
+    with _address() as address:
+        listener.bind(address)
     path.chmod(0o600)
     listener.listen()
     keeper = Keeper(conditions, standby.judge_env())
@@ -361,7 +378,7 @@ def _loop(
             connection = key.fileobj
             assert isinstance(connection, socket.socket)
             if connection is listener:
-                accepted, _address = listener.accept()
+                accepted, _peer = listener.accept()
                 if keeper.answer(accepted):
                     chosen.register(accepted, selectors.EVENT_READ)
                 else:
