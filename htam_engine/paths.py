@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -32,3 +33,15 @@ def write_whole(path: Path, text: str) -> None:
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     partial.write_text(text)
     partial.replace(path)
+
+
+def held(descriptor: int) -> bool:
+    """Does another open file hold a lock (`flock`) on `descriptor`'s file? The probe's
+    own lock, if it took one, goes with `descriptor`, which it closes."""
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)

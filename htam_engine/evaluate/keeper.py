@@ -42,7 +42,7 @@ from typing import IO, Any
 from htam_engine.evaluate import standby
 from htam_engine.evaluate.process import Child
 from htam_engine.evaluate.sandbox import sandbox_mode
-from htam_engine.paths import subdir
+from htam_engine.paths import held, subdir
 
 IDLE_S = 600.0  # a spare judge holds ~0.8 GB: not for longer than a pause in the work
 REPLY_S = 2.0  # a keeper that does not answer in this time is not waited for
@@ -196,14 +196,7 @@ def _request(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _running() -> bool:
-    descriptor = os.open(_folder() / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(descriptor)
+    return held(os.open(_folder() / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600))
 
 
 # --- the keeper's side ----------------------------------------------------------------

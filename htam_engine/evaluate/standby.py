@@ -33,7 +33,7 @@ from typing import Any
 from htam_engine import machine
 from htam_engine.evaluate import protocol
 from htam_engine.evaluate.process import Child, Stop, python_module
-from htam_engine.paths import subdir
+from htam_engine.paths import held, subdir
 
 ROLES = ("reference", "candidate")
 _BOX_FOLDERS = ("tmp", "build", "cache", "torch_extensions")
@@ -234,13 +234,7 @@ def _stale(folder: Path) -> bool:
         descriptor = os.open(folder / ".owner", os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return time.time() - folder.stat().st_mtime > 60  # not yet (or never) locked
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(descriptor)
+    return not held(descriptor)
 
 
 def clean_stale_jobs() -> int:
