@@ -3,6 +3,7 @@ JSON, never interpreted; and a verdict is a baseline only when it is clean and t
 
 from __future__ import annotations
 
+import ast
 import json
 import multiprocessing
 import pickle
@@ -43,6 +44,22 @@ def key_for(candidate: str, sandbox: str) -> str:
 
 def rows(home: Path) -> sqlite3.Connection:
     return sqlite3.connect(home / "eval-cache" / cache.DB_NAME)
+
+
+def test_the_evaluator_version_covers_every_module_of_htam_the_evaluator_imports() -> None:
+    """A tolerance (`vocabulary`) or a stopping rule (`stats`) changed must miss the
+    cache, as a check changed in the evaluator itself does."""
+    package = Path(cache.__file__).parent
+    imported = set()
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "htam_engine":
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("htam_"):
+                imported.add(str(node.module).split(".")[1])
+    hashed = {path.stem for path in cache.evaluator_files()} | {"parsing", "evaluate"}
+    assert imported - hashed == set()
+    assert all(path.is_file() for path in cache.evaluator_files())
 
 
 def test_a_record_answers_only_for_its_sandbox_mode() -> None:

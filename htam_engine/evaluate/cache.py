@@ -40,17 +40,30 @@ UNSANDBOXED = "none"
 BUSY_TIMEOUT_S = 30.0
 
 
+IMPORTED = (
+    "database", "errors", "kernels", "machine", "paths", "procs", "report", "roofline",
+    "stats", "task", "triton_backend", "vocabulary",
+)  # fmt: skip  # HTAM's modules that the evaluator imports (`evaluator_files`)
+
+
+def evaluator_files() -> list[Path]:
+    """The evaluator's code: this package, `parsing`, and every other module of HTAM it
+    imports (a tolerance lives in `vocabulary`, a timing's stopping rule in `stats`)."""
+    package = Path(__file__).parent
+    root = package.parent
+    files = [*sorted(package.glob("*.py")), *sorted((root / "parsing").glob("*.py"))]
+    return files + [root / f"{name}.py" for name in IMPORTED]
+
+
 @functools.cache
 def evaluator_version() -> str:
-    """Hash of the evaluator's own code: a change of rules (a new check, a tolerance)
-    must never be answered by a verdict the old rules gave. Read once per process: the
-    code this process runs, whatever is edited on disk meanwhile."""
-    package = Path(__file__).parent
-    files = sorted(package.glob("*.py"))
-    files += [package.parent / "kernels.py", *sorted((package.parent / "parsing").glob("*.py"))]
+    """Hash of the evaluator's code: a change of rules (a new check, a tolerance) must
+    never be answered by a verdict the old rules gave. Read once per process: the code
+    this process runs, whatever is edited on disk meanwhile."""
+    root = Path(__file__).parent.parent
     digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in evaluator_files():
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
