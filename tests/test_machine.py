@@ -132,7 +132,7 @@ def test_the_judge_gets_the_trusted_env(monkeypatch):
 
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
-    env = standby._judge_env()
+    env = standby.judge_env()
     assert not set(SECRETS) & set(env)
     assert env["HTAM_HOME"] == os.environ["HTAM_HOME"] and env["PATH"] == os.environ["PATH"]
 
