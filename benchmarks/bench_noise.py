@@ -56,6 +56,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from htam_engine.evaluate import keeper
+
 ROOT = Path(__file__).resolve().parent.parent
 TASK = "examples/softmax/reference.py"
 CANDIDATE = "examples/softmax/cpu_naive.py"
@@ -332,6 +334,7 @@ def main() -> None:
             runs[name]["idle"].append(evaluate(checkout, args.task, args.candidate, env))
             measure = functools.partial(evaluate, checkout, args.task, args.candidate, env)
             runs[name]["loaded"].append(loaded(measure))
+    keeper.stop(Path(env["HTAM_HOME"]))  # the judge a one-shot left kept
     results = {name: summarise(r["idle"], r["loaded"]) for name, r in runs.items()}
     print(table(results))
     os.environ["HTAM_HOME"] = env["HTAM_HOME"]

@@ -26,12 +26,10 @@ that `htam eval --watch` watches (from the save to its verdict), alternating wit
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import multiprocessing
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +38,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from htam_engine.evaluate import keeper
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("softmax", "gelu", "linear_relu", "matmul")
@@ -127,16 +127,9 @@ def evals(checkouts: dict[str, Path], examples: list[str], count: int, condition
                 rows[name].append(row)
                 print(f"eval, {name}, {condition}: {json.dumps(row)}", file=sys.stderr)
     for home in homes.values():
-        _stop_keeper(home)
+        keeper.stop(Path(home))  # the judge a one-shot left kept
     print(f"\none-shot `htam eval`, {condition}, medians of {count} x {len(examples)}:")
     print(eval_table(rows))
-
-
-def _stop_keeper(home: str) -> None:
-    """The judge a one-shot left kept in `home` (`keeper`), stopped with its keeper."""
-    lock = Path(home) / "keeper" / "keeper.lock"
-    with contextlib.suppress(OSError, ValueError):
-        os.kill(int(lock.read_text()), signal.SIGTERM)
 
 
 def watched(examples: list[str], count: int) -> None:

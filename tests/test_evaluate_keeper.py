@@ -5,8 +5,6 @@ without bwrap there is none."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -35,9 +33,8 @@ def keeping(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     try:
         yield
     finally:
-        if (pid := _keeper_pid()) is not None:
-            os.kill(pid, signal.SIGTERM)
-            _until(lambda: _keeper_pid() is None, "the keeper stops on SIGTERM")
+        keeper.stop(subdir("keeper").parent)
+        _until(lambda: _keeper_pid() is None, "the keeper stops on `keeper.stop`")
         assert not _spares(), f"no judge outlives its keeper: {_log()}"
 
 

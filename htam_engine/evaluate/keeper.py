@@ -195,6 +195,14 @@ def _request(message: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def stop(home: Path) -> None:
+    """Stop the keeper of the HTAM home `home`, if one runs (its judge goes with it)."""
+    lock = home / "keeper" / LOCK_NAME
+    with contextlib.suppress(OSError, ValueError):
+        if held(os.open(lock, os.O_RDONLY)):
+            os.kill(int(lock.read_text()), signal.SIGTERM)
+
+
 def _running() -> bool:
     return held(os.open(_folder() / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600))
 
