@@ -26,12 +26,12 @@ def open_wal(path: Path, timeout_s: float, **options: Any) -> sqlite3.Connection
             return db
         except sqlite3.DatabaseError as error:
             db.close()
-            if not busy(error) or time.monotonic() >= deadline:
+            if not _busy(error) or time.monotonic() >= deadline:
                 raise
         time.sleep(RETRY_S)
 
 
-def busy(error: sqlite3.DatabaseError) -> bool:
+def _busy(error: sqlite3.DatabaseError) -> bool:
     return _code(error) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 

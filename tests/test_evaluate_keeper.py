@@ -15,7 +15,7 @@ import pytest
 
 from htam_engine.evaluate import keeper
 from htam_engine.evaluate.sandbox import sandbox_mode
-from htam_engine.paths import subdir
+from htam_engine.paths import home, subdir
 
 pytestmark = [
     pytest.mark.slow,
@@ -33,7 +33,7 @@ def keeping(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     try:
         yield
     finally:
-        keeper.stop(subdir("keeper").parent)
+        keeper.stop(home())
         _until(lambda: _keeper_pid() is None, "the keeper stops on `keeper.stop`")
         assert not _spares(), f"no judge outlives its keeper: {_log()}"
 

@@ -44,7 +44,7 @@ from htam_engine.evaluate.process import Child
 from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.paths import held, subdir
 
-IDLE_S = 600.0  # a spare judge holds ~0.8 GB: not for longer than a pause in the work
+IDLE_S = 600.0  # a spare judge and its workers hold ~0.5 GB: no longer than a pause
 REPLY_S = 2.0  # a keeper that does not answer in this time is not waited for
 SOCKET_NAME = "keeper.sock"
 LOCK_NAME = "keeper.lock"
@@ -110,7 +110,7 @@ class Lent:
         self.stdout: IO[bytes] | None = stdout
 
     def poll(self) -> int | None:
-        return self.wait(0) if select.select([self.pidfd], [], [], 0)[0] else None
+        return self.LENT_EXIT if select.select([self.pidfd], [], [], 0)[0] else None
 
     def wait(self, timeout: float | None = None) -> int:
         if not select.select([self.pidfd], [], [], timeout)[0]:
@@ -131,13 +131,9 @@ def borrow(conditions: dict[str, Any]) -> standby.Started | None:
     if not enabled():
         return None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection.settimeout(REPLY_S)
     fds: list[int] = []
     try:
-        with _address() as address:
-            connection.connect(address)
-        request = {"borrow": conditions, "context": context()}
-        connection.sendall(json.dumps(request).encode() + b"\n")
+        _send(connection, {"borrow": conditions, "context": context()})
         message, fds, _flags, _sender = socket.recv_fds(connection, 4096, _FDS)
         reply = json.loads(message)
         if not isinstance(reply, dict) or "jobdir" not in reply or len(fds) != _FDS:
@@ -186,13 +182,18 @@ def ensure(conditions: dict[str, Any]) -> None:
 def _request(message: dict[str, Any]) -> dict[str, Any]:
     """The keeper's reply to `message` ({} without one)."""
     with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX) as connection:
-        connection.settimeout(REPLY_S)
-        with _address() as address:
-            connection.connect(address)
-        connection.sendall(json.dumps(message).encode() + b"\n")
+        _send(connection, message)
         reply = json.loads(connection.recv(4096))
         return reply if isinstance(reply, dict) else {}
     return {}
+
+
+def _send(connection: socket.socket, message: dict[str, Any]) -> None:
+    """Connect to the keeper and send it `message`, one line (OSError if none listens)."""
+    connection.settimeout(REPLY_S)
+    with _address() as address:
+        connection.connect(address)
+    connection.sendall(json.dumps(message).encode() + b"\n")
 
 
 def stop(home: Path) -> None:
@@ -232,16 +233,17 @@ class Keeper:
         if not self.pending or self.lent or self.retiring:
             return
         conditions, env = self.wanted
+        wanted_context = context(env)
         spare = self.spare
         if spare is not None and (
             spare.conditions != conditions
-            or self.spare_context != context(env)
+            or self.spare_context != wanted_context
             or spare.judge.popen.poll() is not None
         ):
             spare.finish()
             self.spare = None
         if self.spare is None:
-            self.spare_context = context(env)
+            self.spare_context = wanted_context
             self.spare = standby.launch(conditions, listen=False, env=env)
         self.pending = False
 

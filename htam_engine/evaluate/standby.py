@@ -123,9 +123,11 @@ def launch(
 
 
 def start(ahead: dict[str, Any], reference: str, held: bool = False) -> Started:
-    """A judge started for the task `ahead` of `reference`; `held`, it only starts its
-    workers and imports torch until `prepare`."""
-    started = launch(conditions_of(ahead))
+    """A judge for the task `ahead` of `reference`: a keeper's, lent, or else one started
+    now; `held`, it only starts its workers and imports torch until `prepare`."""
+    from htam_engine.evaluate import keeper  # it lends what this module starts
+
+    started = keeper.borrow(conditions_of(ahead)) or launch(conditions_of(ahead))
     started.assign(ahead, reference)
     if not held:
         started.prepare()
@@ -148,9 +150,7 @@ class _Spare:
             return spare
         if spare is not None:
             spare.finish()
-        started = _started(ahead, reference)
-        started.prepare()
-        return started
+        return start(ahead, reference)
 
     def refill(self, ahead: dict[str, Any], reference: str) -> None:
         if self.warm:
@@ -167,7 +167,7 @@ class _Spare:
                 self.started.finish()
                 self.started = None
             if self.started is None:
-                self.started = _started(ahead, reference)
+                self.started = start(ahead, reference, held=True)
             started = self.started
         try:
             return started.size(limit_s)
@@ -180,15 +180,6 @@ class _Spare:
             spare, self.started = self.started, None
         if spare is not None:
             spare.finish()
-
-
-def _started(ahead: dict[str, Any], reference: str) -> Started:
-    """A judge for the task `ahead`, held: a keeper's, lent, or else one started now."""
-    from htam_engine.evaluate import keeper  # it lends what this module starts
-
-    started = keeper.borrow(conditions_of(ahead)) or launch(conditions_of(ahead))
-    started.assign(ahead, reference)
-    return started
 
 
 _SPARE = _Spare()
