@@ -193,7 +193,11 @@ class VSCode:
         page.locator(".quick-input-list .monaco-list-row", has_text=name).first.wait_for()
         page.keyboard.press("Enter")
         page.locator(".tab.active", has_text=name).wait_for()
-        page.locator(".monaco-editor .view-lines").first.click()
+        self.focus_editor()
+
+    def focus_editor(self) -> None:
+        """Clicks into the visible editor (a hidden one may come first in the page)."""
+        self.page.locator(".monaco-editor .view-lines").filter(visible=True).first.click()
 
     def go_to_kernel(self) -> None:
         """Puts the cursor on the C++ kernel's name (the server's unit under the cursor)."""
@@ -233,6 +237,12 @@ class VSCode:
             page.keyboard.press("Control+I")
             time.sleep(1)
         return str(hover.first.inner_text())
+
+    def wait_lens(self, text: str) -> None:
+        """Waits for a visible code lens naming `text`. A lens of an editor hidden behind
+        the active one stays in the page (hidden), and may come first."""
+        lenses = self.page.locator(".codelens-decoration", has_text=text)
+        lenses.filter(visible=True).first.wait_for()
 
     def wait_preview(self, text: str) -> None:
         """Waits until the HTAM view (a webview frame) shows `text`."""
@@ -390,7 +400,7 @@ def test_untrusted_folder_parses_and_hovers_but_executes_nothing(vscode: VSCode)
     original = vscode.kernel.read_text()
     vscode.open_kernel()
     vscode.wait_status(r"idle \(restricted\)", STARTUP_S)
-    vscode.page.locator(".codelens-decoration", has_text="Optimize with HTAM").first.wait_for()
+    vscode.wait_lens("Optimize with HTAM")
     vscode.shot("restricted-mode")
     vscode.go_to_kernel()
     assert "HTAM" in vscode.hover_text()
@@ -554,7 +564,7 @@ def test_cuda_without_gpu_is_refused_with_the_reason_and_a_reference_gets_nothin
     vscode.shot("reference-gets-nothing")
     assert not vscode.page.locator(".codelens-decoration", has_text="HTAM").count()
     vscode.open_kernel(CUDA_FILE)
-    vscode.page.locator(".codelens-decoration", has_text="Optimize with HTAM").first.wait_for()
+    vscode.wait_lens("Optimize with HTAM")
     started = time.monotonic()
     vscode.palette("HTAM: Next Step")
     vscode.wait_status("HTAM: refused", 30)
@@ -603,7 +613,7 @@ def test_a_first_start_without_htam_says_so_and_choosing_an_interpreter_starts_t
     box.fill(sys.executable)  # the box, not the editor, whichever holds the focus
     box.press("Enter")
     vscode.wait_status(r"idle \(restricted\)", STARTUP_S)
-    vscode.page.locator(".codelens-decoration", has_text="Optimize with HTAM").first.wait_for()
+    vscode.wait_lens("Optimize with HTAM")
     vscode.shot("server-started", keep="vscode-onboarding-server-started")
     assert f"Interpreter: {sys.executable} (from the htam.interpreter setting)" in vscode.htam_log()
 
@@ -661,7 +671,7 @@ def test_compile_check_blames_your_line_and_an_interpreter_change_is_one_plain_m
     _trust_workspace(vscode)
     vscode.wait_status(IDLE, STARTUP_S)
     vscode.open_kernel(CUDA_FILE)
-    vscode.page.locator(".codelens-decoration", has_text="Optimize with HTAM").first.wait_for()
+    vscode.wait_lens("Optimize with HTAM")
     # Requests sent to the server that trust restarted are logged, not a stack-trace toast.
     assert "Starting server failed" not in vscode.notifications(), vscode.notifications()
     line = next(i for i, text in enumerate(cuda.read_text().splitlines(), 1) if "fmaxf" in text)
@@ -692,7 +702,7 @@ def test_compile_check_blames_your_line_and_an_interpreter_change_is_one_plain_m
 
     # The explanation opens beside the kernel, which keeps the focus: typing edits it.
     vscode.page.keyboard.press("Control+Shift+M")  # the Problems view closes again
-    vscode.page.locator(".monaco-editor .view-lines").first.click()
+    vscode.focus_editor()
     vscode.palette("HTAM: Explain Kernel")
     vscode.wait_preview("HTAM:")
     time.sleep(2)  # a preview that takes the focus has taken it by now
