@@ -257,7 +257,6 @@ def simulate(reps: int, margin: float, seed: int = 0) -> dict[str, dict[str, Any
     from htam_engine.evaluate.runner import RUN_TO_RUN_CV, TARGET_HALF_WIDTH
 
     cv, target = RUN_TO_RUN_CV["cpu"], TARGET_HALF_WIDTH["cpu"]
-    job = {"target_half_width": target, "run_to_run_cv": cv}
     rng = random.Random(seed)
     out: dict[str, dict[str, Any]] = {}
     for true in SIMULATED:
@@ -274,7 +273,7 @@ def simulate(reps: int, margin: float, seed: int = 0) -> dict[str, dict[str, Any
             for rule, threshold in (("width", None), ("decided", margin)):
                 n = 10
                 while n < 100:
-                    if stats.job_settled(ref[:n], cand[:n], {**job, "decide": threshold}):
+                    if stats.job_settled(ref[:n], cand[:n], target, threshold, cv):
                         break
                     n += 5
                 final = stats.paired_speedup(ref[:n], cand[:n]).with_run_to_run(cv)

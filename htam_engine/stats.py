@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -127,14 +127,18 @@ def settled(
 
 
 def job_settled(
-    reference_ms: Sequence[float], candidate_ms: Sequence[float], job: Mapping[str, Any]
+    reference_ms: Sequence[float],
+    candidate_ms: Sequence[float],
+    target: float,
+    threshold: float | None,
+    cv: float,
 ) -> bool:
-    """`settled` for a judge's pairs, with its job's `target_half_width`, `decide` (the
-    threshold, absent or None: none) and `run_to_run_cv`."""
+    """`settled` for a judge's pairs (a cheaper bootstrap, and `unanimous` pairs decide
+    sooner), with its job's target half-width, `decide` threshold (None: none) and
+    run-to-run spread `cv`."""
     interval = paired_speedup(reference_ms, candidate_ms, resamples=STOP_RESAMPLES)
-    threshold, cv = job.get("decide"), float(job.get("run_to_run_cv", 0.0))
     agree = unanimous(reference_ms, candidate_ms, threshold)
-    return settled(interval, float(job["target_half_width"]), threshold, cv, agree)
+    return settled(interval, target, threshold, cv, agree)
 
 
 def ratio(a: Interval, b: Interval) -> Interval:

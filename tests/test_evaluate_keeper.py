@@ -9,13 +9,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from htam_engine.evaluate import keeper
+from htam_engine.evaluate import keeper, runner
+from htam_engine.evaluate.jobspec import Conditions, JobSpec
 from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.paths import home, subdir
+from htam_engine.task import load_task
 
 pytestmark = [
     pytest.mark.slow,
@@ -23,7 +26,13 @@ pytestmark = [
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
-CONDITIONS = {"device": "cpu", "backend": "cpu", "threads": 1, "memory_mb": 4096}
+CONDITIONS = Conditions(device="cpu", backend="cpu", threads=1, memory_mb=4096)
+
+
+def _job_under(conditions: Conditions) -> JobSpec:
+    """A task's job, as a command under `conditions` would give it."""
+    ahead = runner._ahead_of(load_task(FIXTURES / "correct.py"), conditions.device, None)
+    return replace(ahead, **conditions.to_json())
 
 
 @pytest.fixture
@@ -93,7 +102,7 @@ def test_a_borrower_that_dies_leaves_no_judge_behind(keeping: None) -> None:
     _until(lambda: len(_spares()) == 1, "the keeper starts a judge")
     (waiting,) = _spares()
     borrower = subprocess.Popen(
-        [sys.executable, "-c", _BORROW, json.dumps(CONDITIONS)],
+        [sys.executable, "-c", _BORROW, json.dumps(CONDITIONS.to_json())],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -111,7 +120,8 @@ def test_a_borrower_that_dies_leaves_no_judge_behind(keeping: None) -> None:
 _BORROW = """
 import sys, json, time
 from htam_engine.evaluate import keeper
-started = keeper.borrow(json.loads(sys.argv[1]))
+from htam_engine.evaluate.jobspec import Conditions
+started = keeper.borrow(Conditions.from_json(json.loads(sys.argv[1])))
 print(started.jobdir if started else None, flush=True)
 time.sleep(600)
 """
@@ -126,7 +136,7 @@ def test_a_command_under_other_conditions_gets_no_judge_and_its_request_changes_
     (waiting,) = _spares()
     other = CONDITIONS
     if change == "conditions":
-        other = {**CONDITIONS, "memory_mb": CONDITIONS["memory_mb"] * 2}
+        other = replace(CONDITIONS, memory_mb=CONDITIONS.memory_mb * 2)
     else:  # the judge's environment: another GPU, another compiler, ...
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     assert keeper.borrow(other) is None
@@ -134,7 +144,7 @@ def test_a_command_under_other_conditions_gets_no_judge_and_its_request_changes_
     _until(lambda: not waiting.exists() and len(_spares()) == 1, "a spare for the new ones")
     started = keeper.borrow(other)
     assert started is not None and started.conditions == other
-    started.assign({**other, "name": "x"}, (FIXTURES / "reference.py").read_text())
+    started.assign(_job_under(other), (FIXTURES / "reference.py").read_text())
     started.finish()
     _until(lambda: not started.jobdir.exists(), "given back, it is gone")
 
@@ -146,7 +156,10 @@ def test_a_command_running_other_code_retires_the_keeper_and_starts_its_own(
     keeper.ensure(CONDITIONS)
     _until(lambda: len(_spares()) == 1, "the keeper starts a judge")
     old = _keeper_pid()
-    upgraded = {"borrow": CONDITIONS, "context": {**keeper.context(), "code": "0" * 16}}
+    upgraded = {
+        "borrow": CONDITIONS.to_json(),
+        "context": {**keeper.context(), "code": "0" * 16},
+    }
     assert keeper._request(upgraded) == {"retiring": True}
     _until(lambda: _keeper_pid() is None and not _spares(), "it leaves, with its judge")
     keeper.ensure(CONDITIONS)
@@ -154,7 +167,8 @@ def test_a_command_running_other_code_retires_the_keeper_and_starts_its_own(
 
 
 def test_the_keeper_leaves_after_its_idle_time_and_takes_its_judge(keeping: None) -> None:
-    command = [sys.executable, "-m", "htam_engine.evaluate.keeper", json.dumps(CONDITIONS), "3"]
+    conditions = json.dumps(CONDITIONS.to_json())
+    command = [sys.executable, "-m", "htam_engine.evaluate.keeper", conditions, "3"]
     process = subprocess.Popen(command)
     _until(lambda: len(_spares()) == 1, "the keeper starts a judge")
     (waiting,) = _spares()

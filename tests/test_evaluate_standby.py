@@ -12,12 +12,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from htam_engine.evaluate import evaluate, runner, standby
+from htam_engine.evaluate.jobspec import ROLES
 from htam_engine.evaluate.protocol import Sized
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.paths import subdir
@@ -68,8 +70,9 @@ def test_a_spare_for_another_job_is_not_used(warm: None, change: str) -> None:
     run("correct.py")
     spare = _spare()
     ahead, reference = spare.ahead, spare.reference
+    assert ahead is not None
     if change == "limits":
-        ahead = {**ahead, "memory_mb": ahead["memory_mb"] // 2}
+        ahead = replace(ahead, memory_mb=ahead.memory_mb // 2)
     else:
         reference += "\n# another reference\n"
     taken = standby._SPARE.take(ahead, reference)
@@ -88,11 +91,11 @@ def test_a_spare_prepares_its_inputs_before_any_candidate(warm: None) -> None:
     run("correct.py")
     spare = _spare()
     for _ in range(300):  # the spare starts in the background: up to 30 s on a busy CI
-        if all((spare.jobdir / role / "init.pt").exists() for role in standby.ROLES):
+        if all((spare.jobdir / role / "init.pt").exists() for role in ROLES):
             break
         time.sleep(0.1)
-    assert all((spare.jobdir / role / "init.pt").exists() for role in standby.ROLES)
-    assert not any((spare.jobdir / role / "candidate").exists() for role in standby.ROLES)
+    assert all((spare.jobdir / role / "init.pt").exists() for role in ROLES)
+    assert not any((spare.jobdir / role / "candidate").exists() for role in ROLES)
     assert not (spare.jobdir / "job.json").exists()
 
 
@@ -148,7 +151,7 @@ def test_a_held_judge_makes_no_inputs_until_an_evaluation_takes_it(
             if _waits_after_torch(held.judge.popen.pid):
                 break
         assert _waits_after_torch(held.judge.popen.pid)
-        assert not any((held.jobdir / role / "init.pt").exists() for role in standby.ROLES)
+        assert not any((held.jobdir / role / "init.pt").exists() for role in ROLES)
         started: list[Any] = []
         monkeypatch.setattr(standby, "start", lambda *args: started.append(args))
         assert task.impl_source is not None
@@ -248,11 +251,11 @@ def test_eval_watch_is_for_people_not_for_json() -> None:
 
 def test_a_judge_started_before_its_task_serves_the_task_given_later() -> None:
     """A spare kept between commands (`keeper`) is started under conditions only."""
-    conditions = {"device": "cpu", "backend": "cpu", "threads": 1, "memory_mb": 4096}
-    started = standby.launch(conditions)
+    ahead = runner._ahead_of(load_task(FIXTURES / "correct.py"), "cpu", Limits(memory_mb=4096))
+    started = standby.launch(ahead.conditions)
     try:
         assert not (started.jobdir / "reference.py").exists()
-        started.assign({**conditions, "name": "x"}, (FIXTURES / "reference.py").read_text())
+        started.assign(ahead, (FIXTURES / "reference.py").read_text())
         sized = started.size(120)
         assert sized.inputs and sized.inputs > 0, sized
     finally:

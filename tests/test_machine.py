@@ -128,11 +128,11 @@ def test_a_worker_environment_is_the_allowlist_and_the_sandbox_own(monkeypatch, 
 
 
 def test_the_judge_gets_the_trusted_env(monkeypatch):
-    from htam_engine.evaluate import standby
+    from htam_engine.evaluate import jobfolder
 
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
-    env = standby.judge_env()
+    env = jobfolder.judge_env()
     assert not set(SECRETS) & set(env)
     assert env["HTAM_HOME"] == os.environ["HTAM_HOME"] and env["PATH"] == os.environ["PATH"]
 

@@ -70,7 +70,7 @@ def test_unpaired_or_impossible_times_are_rejected(ref: list[float], cand: list[
 
 def test_an_interval_is_shown_with_its_flags() -> None:
     from htam_engine.evaluate.verdict import Verdict
-    from htam_engine.report import format_interval
+    from htam_engine.formatting import format_interval
 
     interval = Interval(1.46, 1.41, 1.52, 40)
     assert format_interval(Verdict(correct=True, interval=interval)) == "1.46x (95 % 1.41-1.52)"
@@ -82,7 +82,7 @@ def test_an_interval_is_shown_with_its_flags() -> None:
 
 def test_a_duel_is_shown_with_its_runs_or_why_it_failed() -> None:
     from htam_engine.evaluate.verdict import Duel, ErrorKind
-    from htam_engine.report import format_duel
+    from htam_engine.formatting import format_duel
 
     once = Duel.pooled(Interval(1.05, 0.99, 1.11, 40), confirmed=False, duels=1)
     assert format_duel(once) == "1.05x (95 % 0.99-1.11)"
@@ -179,10 +179,8 @@ def test_the_decision_allows_for_the_run_to_run_spread() -> None:
 
 def test_a_judge_s_job_carries_the_rule() -> None:
     pairs = noisy_pairs(3.0, 30, 0.4, seed=5)
-    job = {"target_half_width": 0.05, "decide": 1.02, "run_to_run_cv": 0.045}
-    assert job_settled(*pairs, job)
-    assert not job_settled(*pairs, {**job, "decide": None})
-    assert not job_settled(*pairs, {"target_half_width": 0.05})  # an older caller
+    assert job_settled(*pairs, 0.05, 1.02, 0.045)
+    assert not job_settled(*pairs, 0.05, None, 0.045)
 
 
 def test_a_ratio_of_two_runs_intervals_adds_their_widths() -> None:
@@ -220,7 +218,7 @@ def test_dear_pairs_all_on_one_side_decide_sooner() -> None:
     assert decided(interval, 1.0) == 0  # too few pairs for the bootstrap alone
     assert decided(interval, 1.0, one_sided=True) == -1
     assert decided(replace(interval, pairs=UNANIMOUS_MIN_PAIRS - 1), 1.0, one_sided=True) == 0
-    job = {"target_half_width": 0.0, "decide": 1.0, "run_to_run_cv": 0.045}
-    assert job_settled(ref, cand, job) and not job_settled(*cheap, job)
+    rule = (0.0, 1.0, 0.045)  # target half-width, decide threshold, run-to-run cv
+    assert job_settled(ref, cand, *rule) and not job_settled(*cheap, *rule)
     cand[4] = ref[4] / 1.1  # one pair above 1x
-    assert not unanimous(ref, cand, 1.0) and not job_settled(ref, cand, job)
+    assert not unanimous(ref, cand, 1.0) and not job_settled(ref, cand, *rule)

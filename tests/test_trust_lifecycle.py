@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from htam_engine.evaluate import Limits
+from htam_engine.evaluate.jobfolder import clean_stale_jobs
 from htam_engine.evaluate.process import Child, freeze, thaw
 from htam_engine.evaluate.runner import run_candidate
 from htam_engine.evaluate.sandbox import sandbox_mode
-from htam_engine.evaluate.standby import clean_stale_jobs
 from htam_engine.evaluate.verdict import Verdict
 from htam_engine.task import load_task
 
@@ -168,7 +168,7 @@ def test_without_bwrap_the_fallback_runs_and_says_so(monkeypatch):
 def test_the_timing_lock_is_machine_wide_not_per_htam_home():
     """Another HTAM home's evaluation holds the device: this one verifies, then waits."""
     from htam_engine.evaluate import evaluate
-    from htam_engine.evaluate.judge import timing_lock
+    from htam_engine.evaluate.process import timing_lock
 
     path = FIXTURES / "candidates" / "honest" / "plain.py"
     timing = threading.Event()

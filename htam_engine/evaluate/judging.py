@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,18 @@ import torch
 
 from htam_engine import roofline, stats
 from htam_engine.evaluate import accounting, common, protocol, sandbox, tasks
-from htam_engine.evaluate.judge import ROLES, Side, timing_lock
+from htam_engine.evaluate.jobspec import ROLES, Asked, JobSpec
 from htam_engine.evaluate.process import (
     Stop,
     freeze,
     pin,
     quietest_core,
     thaw,
+    timing_lock,
 )
+from htam_engine.evaluate.side import Side
 from htam_engine.evaluate.verdict import Check, sets_ahead
+from htam_engine.vocabulary import ErrorKind
 
 Outputs = list[torch.Tensor]
 LATE_CHECK_S = 0.1  # how long after `done` a verified output is read again
@@ -161,9 +164,19 @@ _MARKS = ("staged", "done", "stored")
 # the kinds a candidate's failure may have (its own error report, its death, its time):
 # it cannot report a `reference_error` or `evaluator_error` to go unjudged
 _WORKER_FAILURES = frozenset(
-    {"compile_error", "runtime_error", "oom", "cuda_error", "crash", "timeout", "cancelled"}
-    | {"cheating"}
+    {
+        ErrorKind.COMPILE_ERROR,
+        ErrorKind.RUNTIME_ERROR,
+        ErrorKind.OOM,
+        ErrorKind.CUDA_ERROR,
+        ErrorKind.CRASH,
+        ErrorKind.TIMEOUT,
+        ErrorKind.CANCELLED,
+        ErrorKind.CHEATING,
+    }
 )
+# the kinds a reference worker's failure keeps (any other is a `reference_error`)
+_KEPT_FROM_REFERENCE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CHEATING})
 _FLOOR_MS = 1e-6
 
 
@@ -260,13 +273,15 @@ class InputsAhead:
 
 
 class Judge:
-    def __init__(
-        self, jobdir: Path, job: dict[str, Any], token: str, sides: dict[str, Side]
-    ) -> None:
+    def __init__(self, jobdir: Path, job: JobSpec, token: str, sides: dict[str, Side]) -> None:
+        if job.init_seed is None:
+            raise Stop(ErrorKind.EVALUATOR_ERROR, "the job has no init seed")
         self.jobdir = jobdir
         self.job = job
+        self.init_seed = job.init_seed
+        self.asked = Asked()  # what the candidate's evaluation asks: `take`
         self.token = token
-        self.device = torch.device(job["device"])
+        self.device = torch.device(job.device)
         self.reference = common.import_file("htam_reference", jobdir / "reference.py")
         self.sides = sides
         self.verify = Checks(_VERIFY_CHECKS)
@@ -287,7 +302,7 @@ class Judge:
 
     # set-up ---------------------------------------------------------------------------
     def _model(self, init: list[Any]) -> torch.nn.Module:
-        torch.manual_seed(self.job["init_seed"])
+        torch.manual_seed(self.init_seed)
         model: torch.nn.Module = self.reference.Model(*init)
         return model.to(self.device)
 
@@ -306,11 +321,11 @@ class Judge:
     def prepare(self) -> None:
         """Make the input sets and the expected outputs, and the workers' init arguments
         and buffers: all before the candidate is known (`standby`)."""
-        torch.set_num_threads(self.job["threads"])
-        torch.manual_seed(self.job["init_seed"])
+        torch.set_num_threads(self.job.threads)
+        torch.manual_seed(self.init_seed)
         init = list(self.reference.get_init_inputs())
         model = self.model = self._model(init)
-        count = self.job["input_sets"]
+        count = self.job.input_sets
         has_alt = hasattr(self.reference, "get_inputs_alt")
         self.sets = [self._make_inputs(has_alt and i == count - 1) for i in range(count)]
         self.seeds = [_rng.randrange(2**63) for _ in self.sets]
@@ -332,7 +347,7 @@ class Judge:
         for side in self.sides.values():
             torch.save(init, side.box / "init.pt")
             side.make_buffers(sizes)
-        count = sets_ahead(self.job["inputs_ahead_mb"], sizes[0])
+        count = sets_ahead(self.job.inputs_ahead_mb, sizes[0])
         # from here until `time_all` stops it, that thread draws from torch's global
         # generator: nothing in between relies on a seed (count_work's forward counts)
         self.ahead = InputsAhead(self._make_inputs, count)
@@ -346,25 +361,27 @@ class Judge:
             return None
         return exact
 
-    def take(self, job: dict[str, Any]) -> None:
+    def take(self, job: JobSpec) -> None:
         """The caller's job for the candidate now in the boxes: it must be the one this
         judge prepared for."""
-        if any(job.get(key) != value for key, value in self.job.items()):
-            raise Stop("runtime_error", "the job does not match the judge started for it")
+        if replace(job, asked=None) != self.job:
+            message = "the job does not match the judge started for it"
+            raise Stop(ErrorKind.RUNTIME_ERROR, message)
         self.job = job
+        self.asked = job.asked or Asked()
         # Comparing two candidates: the reference side holds the incumbent (untrusted,
         # already verified), and timed outputs are judged against the reference itself.
-        self.compare = bool(job.get("compare"))
+        self.compare = self.asked.compare
         for side in self.sides.values():
             side.child.send(json.dumps({"cmd": "job"}))  # each reads its box's job
 
     def load(self) -> None:
         for side in self.sides.values():
-            side.child.send(json.dumps({"cmd": "load", "threads": self.job["threads"]}))
-        if self.job.get("count_work"):  # while they load: a second on its first use
+            side.child.send(json.dumps({"cmd": "load", "threads": self.job.threads}))
+        if self.asked.count_work:  # while they load: a second on its first use
             roofline.write_work(self.jobdir / "work.json", self.model, self.sets[0], self.device)
         for side in self.sides.values():
-            self._expect(side, "loaded", self.job["compile_s"], "compile")
+            self._expect(side, "loaded", self.job.compile_s, "compile")
             freeze(side.child)  # from now on a worker runs only while it is called
 
     # one call -------------------------------------------------------------------------
@@ -380,15 +397,16 @@ class Judge:
             event = side.child.wait_for(wanted, limit_s, phase, threading.Event(), unasked)
         except Stop as stop:
             if side.role == "candidate" and stop.kind not in _WORKER_FAILURES:
-                message = f"protocol.messages: the {side.role} reported a {stop.kind!r} failure"
-                raise Stop("cheating", message[:300]) from None
+                said = stop.kind.value
+                message = f"protocol.messages: the {side.role} reported a {said!r} failure"
+                raise Stop(ErrorKind.CHEATING, message[:300]) from None
             if side.role == "reference" and self.compare:  # not the reference's fault
                 raise Stop(
-                    "runtime_error", f"the incumbent failed: {stop.message}", stop.log
+                    ErrorKind.RUNTIME_ERROR, f"the incumbent failed: {stop.message}", stop.log
                 ) from None
-            if side.role == "reference" and stop.kind not in ("timeout", "cheating"):
+            if side.role == "reference" and stop.kind not in _KEPT_FROM_REFERENCE:
                 message = f"the reference failed: {stop.message}"
-                raise Stop("reference_error", message, stop.log) from None
+                raise Stop(ErrorKind.REFERENCE_ERROR, message, stop.log) from None
             raise
         return event
 
@@ -448,7 +466,7 @@ class Judge:
         side.calls += 1
         mismatch = str(marks[-1].get("mismatch") or "")
         if mismatch and side.role == "reference":
-            raise Stop("reference_error", f"the reference returned {mismatch}"[:600])
+            raise Stop(ErrorKind.REFERENCE_ERROR, f"the reference returned {mismatch}"[:600])
         staged, done = (_stamp(mark) for mark in marks[:2])
         wall_ms = (float(marks[-1]["_t"]) - start) * 1e3
         stolen = accounting.stolen_ms(before, after, wall_ms)
@@ -475,7 +493,7 @@ class Judge:
     def _thread_policy(self) -> None:
         """No more tasks ran than the policy's threads, past the tenth of a side's timed
         calls that `tasks.threads_seen` tolerates (whose books a hypervisor can skew)."""
-        allowed = int(self.job["threads"])
+        allowed = self.job.threads
         for seen in self.running.values():
             running = tasks.threads_seen([ran.running for _, ran in seen])
             self.observed["threads"] = max(self.observed.get("threads", 0), running)
@@ -504,7 +522,7 @@ class Judge:
     def verify_all(self) -> None:
         side = self.sides["candidate"]
         for index, inputs in enumerate(self.sets):
-            limit = self.job["verify_s"]
+            limit = self.job.verify_s
             made = self.call(
                 side, inputs, self.out_items[index], limit, self.seeds[index], "verify"
             )
@@ -586,9 +604,9 @@ class Judge:
         worker = event.get("checks")
         ops = event.get("ops")
         if not isinstance(worker, list) or not isinstance(ops, dict):
-            raise Stop("cheating", "protocol.messages: a malformed report")
+            raise Stop(ErrorKind.CHEATING, "protocol.messages: a malformed report")
         if not all(_well_formed(check) for check in worker):
-            raise Stop("cheating", "protocol.messages: a malformed check in the report")
+            raise Stop(ErrorKind.CHEATING, "protocol.messages: a malformed check in the report")
         checks = [check for check in worker if check["name"] != "runtime.torch_ops"]
         counts = {str(op): n for op, n in ops.items() if isinstance(n, int)}
         compute, missing = common.torch_compute(counts, side.canaries)
@@ -613,9 +631,9 @@ class Judge:
                 side.core = core
                 pin(side.child, core)
         started = time.monotonic()
-        budget = started + min(TIMING_BUDGET_S, self.job["time_s"] * 0.8)
+        budget = started + min(TIMING_BUDGET_S, self.job.time_s * 0.8)
         items = self.out_items[0]
-        for k in range(WARMUP_MAX + self.job["max_trials"]):
+        for k in range(WARMUP_MAX + self.job.max_trials):
             warming = not calls["reference"] and self._warming(warm, started)
             final = not warming and self._enough(calls, started, budget)
             inputs, seed = self.ahead.take(), _rng.randrange(2**63)
@@ -664,17 +682,17 @@ class Judge:
     def _limit(self, reference: list[Call]) -> float:
         """A call's time limit from the reference's calls so far."""
         if not reference:
-            return float(self.job["time_s"])
+            return float(self.job.time_s)
         median_s = statistics.median(c.wall_ms for c in reference) / 1e3
         return max(CALL_LIMIT_FLOOR_S, CALL_LIMIT_FACTOR * median_s)
 
     def _enough(self, calls: dict[str, list[Call]], started: float, budget: float) -> bool:
         """Whether the next pair is the last: past the minimum of trials and of time (its
         warm-up included), the paired speedup's 95 % interval is narrow enough
-        (`job["target_half_width"]`) or the time budget is spent; or the trial cap is
+        (`JobSpec.target_half_width`) or the time budget is spent; or the trial cap is
         reached."""
         done = min(len(c) for c in calls.values())
-        if done + 1 >= self.job["max_trials"]:
+        if done + 1 >= self.job.max_trials:
             return True
         if done < MIN_TRIALS or time.monotonic() - started < MIN_TIMING_S:
             return False
@@ -683,7 +701,10 @@ class Judge:
         if done % CHECK_EVERY:
             return False
         reference, candidate, _ = samples(calls, trusted_marks=not self.compare)
-        return stats.job_settled(reference, candidate, self.job)  # narrow, or decided
+        job = self.job  # narrow, or decided
+        return stats.job_settled(
+            reference, candidate, job.target_half_width, self.asked.decide, job.run_to_run_cv
+        )
 
     def _judge_timed(self, k: int, inputs: list[Any], got: dict[str, Outputs]) -> None:
         where = f"timed call {k + 1}"
@@ -736,7 +757,7 @@ class Judge:
                 cand=candidate,
                 harness_ms=share,
                 checks=_checks(checks),
-                threads=max(int(self.job["threads"]), self.observed.get("threads", 0)),
+                threads=max(self.job.threads, self.observed.get("threads", 0)),
                 accounting=self.accounting,
             )
         )
@@ -809,6 +830,6 @@ def _read(side: Side, descriptor: int, items: list[dict[str, Any]]) -> Outputs:
     for item in items:
         value = common.read_item(descriptor, item)
         if value is None:
-            raise Stop("cheating", f"output.buffer: the {side.role} truncated its buffers")
+            raise Stop(ErrorKind.CHEATING, f"output.buffer: the {side.role} truncated its buffers")
         found.append(value)
     return found

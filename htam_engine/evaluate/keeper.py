@@ -3,7 +3,7 @@
 A one-shot `htam eval` pays for three torch imports (the judge's and its two workers')
 before anything of its own: 4-5 s on two cores, most of a one-shot. The keeper is a
 small process without torch that keeps one judge started under the last command's
-conditions (`standby.CONDITIONS`), waiting for a task, and lends it to the next command
+conditions (`jobspec.Conditions`), waiting for a task, and lends it to the next command
 over a Unix socket in `HTAM_HOME/keeper/`: the judge's pipes, a pidfd and its folder's
 lock pass as file descriptors (`SCM_RIGHTS`), and the command drives the judge as its
 own (`borrow`). A judge is lent only to a command of the same conditions, interpreter,
@@ -39,7 +39,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from htam_engine.evaluate import standby
+from htam_engine.evaluate.jobfolder import Started, judge_env, launch
+from htam_engine.evaluate.jobspec import Conditions
 from htam_engine.evaluate.process import Child
 from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.paths import held, subdir
@@ -68,7 +69,7 @@ def context(env: dict[str, str] | None = None) -> dict[str, str]:
     code = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         code.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
-    judged = json.dumps(standby.judge_env() if env is None else env, sort_keys=True)
+    judged = json.dumps(judge_env() if env is None else env, sort_keys=True)
     return {
         "python": sys.executable,
         "code": code.hexdigest()[:16],
@@ -125,7 +126,7 @@ class Lent:
         os.close(self.pidfd)
 
 
-def borrow(conditions: dict[str, Any]) -> standby.Started | None:
+def borrow(conditions: Conditions) -> Started | None:
     """The keeper's spare judge for `conditions`, lent to this process until it is
     finished (or this process ends); None when no keeper has one."""
     if not enabled():
@@ -133,7 +134,7 @@ def borrow(conditions: dict[str, Any]) -> standby.Started | None:
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fds: list[int] = []
     try:
-        _send(connection, {"borrow": conditions, "context": context()})
+        _send(connection, {"borrow": conditions.to_json(), "context": context()})
         message, fds, _flags, _sender = socket.recv_fds(connection, 4096, _FDS)
         reply = json.loads(message)
         if not isinstance(reply, dict) or "jobdir" not in reply or len(fds) != _FDS:
@@ -152,16 +153,16 @@ def borrow(conditions: dict[str, Any]) -> standby.Started | None:
         process.close()
         connection.close()
 
-    return standby.Started(jobdir, judge, conditions, owner, give_back=give_back)
+    return Started(jobdir, judge, conditions, owner, give_back=give_back)
 
 
-def ensure(conditions: dict[str, Any]) -> None:
+def ensure(conditions: Conditions) -> None:
     """After a command's evaluation: ask the keeper for a spare under `conditions`, or
     start a keeper in the background if none runs (and keepers are on here)."""
     if not enabled():
         return
     if _running():
-        asked = {"want": conditions, "env": standby.judge_env(), "context": context()}
+        asked = {"want": conditions.to_json(), "env": judge_env(), "context": context()}
         if not _request(asked).get("retiring"):
             return
         deadline = time.monotonic() + REPLY_S  # it runs older code: a new keeper follows
@@ -170,7 +171,7 @@ def ensure(conditions: dict[str, Any]) -> None:
     folder = _folder()
     with (folder / LOG_NAME).open("ab") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "htam_engine.evaluate.keeper", json.dumps(conditions)],
+            [sys.executable, "-m", "htam_engine.evaluate.keeper", json.dumps(conditions.to_json())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log,
@@ -217,11 +218,11 @@ class Keeper:
     command running other code than the keeper's (an upgrade, another interpreter) makes
     it retire: it leaves once nothing is lent, and that command starts a new one."""
 
-    def __init__(self, conditions: dict[str, Any], env: dict[str, str]) -> None:
+    def __init__(self, conditions: Conditions, env: dict[str, str]) -> None:
         self.own = context(env)
-        self.spare: standby.Started | None = None
+        self.spare: Started | None = None
         self.spare_context: dict[str, str] = {}
-        self.lent: dict[socket.socket, standby.Started] = {}
+        self.lent: dict[socket.socket, Started] = {}
         self.last_used = time.monotonic()
         self.wanted = (conditions, env)
         self.pending = True  # a spare is asked for and not yet started
@@ -244,7 +245,7 @@ class Keeper:
             self.spare = None
         if self.spare is None:
             self.spare_context = wanted_context
-            self.spare = standby.launch(conditions, listen=False, env=env)
+            self.spare = launch(conditions, listen=False, env=env)
         self.pending = False
 
     def answer(self, connection: socket.socket) -> bool:
@@ -264,19 +265,20 @@ class Keeper:
             _log("retiring: a command runs other code than this keeper's")
             _say(connection, {"retiring": True})
             return False
-        if isinstance(request.get("want"), dict) and isinstance(request.get("env"), dict):
-            self.wanted, self.pending = (request["want"], request["env"]), True
+        if (want := _conditions(request.get("want"))) and isinstance(request.get("env"), dict):
+            self.wanted, self.pending = (want, request["env"]), True
             _say(connection, {"wanted": True})
             return False
         wanted = request.get("borrow")
-        return isinstance(wanted, dict) and self.lend(connection, wanted, asked)
+        return isinstance(wanted, dict) and self.lend(connection, _conditions(wanted), asked)
 
     def lend(
-        self, connection: socket.socket, conditions: dict[str, Any], asked: dict[str, str]
+        self, connection: socket.socket, conditions: Conditions | None, asked: dict[str, str]
     ) -> bool:
         spare = self.spare
         if (
             spare is None
+            or conditions is None
             or spare.conditions != conditions
             or self.spare_context != asked
             or spare.judge.popen.poll() is not None
@@ -342,7 +344,7 @@ def _say(connection: socket.socket, message: dict[str, Any]) -> None:
         connection.sendall(json.dumps(message).encode())
 
 
-def serve(conditions: dict[str, Any], idle_s: float = IDLE_S) -> None:
+def serve(conditions: Conditions, idle_s: float = IDLE_S) -> None:
     """Keep a judge for `conditions` until `idle_s` pass without a command; return at
     once if another keeper holds the lock."""
     folder = _folder()
@@ -360,7 +362,7 @@ def serve(conditions: dict[str, Any], idle_s: float = IDLE_S) -> None:
         listener.bind(address)
     path.chmod(0o600)
     listener.listen()
-    keeper = Keeper(conditions, standby.judge_env())
+    keeper = Keeper(conditions, judge_env())
     stopping = threading.Event()  # set by SIGTERM; seen between two steps, never inside one
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     try:
@@ -391,5 +393,13 @@ def _loop(
                 keeper.give_back(connection)
 
 
+def _conditions(data: Any) -> Conditions | None:
+    """The conditions a command sent (None: no `Conditions` object, as no keeper's)."""
+    try:
+        return Conditions.from_json(data) if isinstance(data, dict) else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 if __name__ == "__main__":
-    serve(json.loads(sys.argv[1]), *(float(arg) for arg in sys.argv[2:3]))
+    serve(Conditions.from_json(json.loads(sys.argv[1])), *(float(arg) for arg in sys.argv[2:3]))

@@ -11,6 +11,7 @@ its pipe cannot take the reader's memory.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import queue
@@ -18,6 +19,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,18 +29,22 @@ from typing import IO, Any, Protocol
 from htam_engine.evaluate import reaper, sandbox
 from htam_engine.machine import kill_process_group
 from htam_engine.procs import descendants, stat_fields
+from htam_engine.vocabulary import ErrorKind
 
 EOF_EVENT = "__eof__"
 FLOOD_EVENT = "__flood__"
 MAX_LINE = 1 << 20  # the longest report a worker sends is a compiler log (~20 kB)
 MAX_OUTPUT = 32 << 20  # all lines of one child together
 _POLL_S = 0.05
+_KINDS = frozenset(kind.value for kind in ErrorKind)
 
 
 class Stop(Exception):
     """Evaluation ends early with an error of `kind`."""
 
-    def __init__(self, kind: str, message: str, log: str = "", line: int | None = None) -> None:
+    def __init__(
+        self, kind: ErrorKind, message: str, log: str = "", line: int | None = None
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
@@ -183,9 +189,9 @@ class Child:
         deadline = time.monotonic() + limit_s
         while True:
             if cancel.is_set():
-                raise Stop("cancelled", f"cancelled during {phase}")
+                raise Stop(ErrorKind.CANCELLED, f"cancelled during {phase}")
             if time.monotonic() > deadline:
-                raise Stop("timeout", f"{phase} exceeded its limit of {limit_s:g} s")
+                raise Stop(ErrorKind.TIMEOUT, f"{phase} exceeded its limit of {limit_s:g} s")
             try:
                 event = self.events.get(timeout=_POLL_S)
             except queue.Empty:
@@ -193,12 +199,7 @@ class Child:
             if event.get("event") == wanted:
                 return event
             if event.get("event") == "error":
-                raise Stop(
-                    str(event.get("kind")),
-                    str(event.get("message")),
-                    str(event.get("log") or ""),
-                    event.get("line") if isinstance(event.get("line"), int) else None,
-                )
+                raise self._reported(event)
             if event.get("event") == EOF_EVENT:
                 raise self._death(phase)
             if event.get("event") == FLOOD_EVENT:
@@ -216,10 +217,28 @@ class Child:
                 self.events.put(event)
         return [event for event in found if event.get("event") != EOF_EVENT]
 
+    def _reported(self, event: dict[str, Any]) -> Stop:
+        """The `Stop` a child's error event reports. A kind outside `ErrorKind` is the
+        sayer's fault: the judge's an evaluator error, the reference's its own failure,
+        a candidate's a forged report."""
+        message, log = str(event.get("message")), str(event.get("log") or "")
+        line = event.get("line") if isinstance(event.get("line"), int) else None
+        said = str(event.get("kind"))
+        if said in _KINDS:
+            return Stop(ErrorKind(said), message, log, line)
+        if self.name == "judge":
+            return Stop(ErrorKind.EVALUATOR_ERROR, f"the judge reported a {said!r} failure")
+        if self.name == "reference":
+            return Stop(ErrorKind.REFERENCE_ERROR, message, log, line)
+        forged = f"protocol.messages: the {self.name} reported a {said!r} failure"
+        return Stop(ErrorKind.CHEATING, forged[:300])
+
     def _flood(self, phase: str, what: str) -> Stop:
         if self.name == "judge":
-            return Stop("evaluator_error", f"the judge wrote {what} during {phase}")
-        return Stop("cheating", f"protocol.messages: the {self.name} wrote {what} during {phase}")
+            return Stop(ErrorKind.EVALUATOR_ERROR, f"the judge wrote {what} during {phase}")
+        return Stop(
+            ErrorKind.CHEATING, f"protocol.messages: the {self.name} wrote {what} during {phase}"
+        )
 
     def _death(self, phase: str) -> Stop:
         code = self.popen.wait()
@@ -228,23 +247,34 @@ class Child:
         tail = _tail(self.log, 1500)
         if self.name == "judge":  # trusted: its failure is no code's under evaluation
             last = tail.strip().splitlines()[-1:] or [f"exit status {code}"]
-            return Stop("evaluator_error", f"the judge failed during {phase}: {last[0]}", tail)
+            return Stop(
+                ErrorKind.EVALUATOR_ERROR, f"the judge failed during {phase}: {last[0]}", tail
+            )
         if self.name == "reference":
             last = tail.strip().splitlines()[-1:] or ["no output"]
-            return Stop("reference_error", f"the reference failed during {phase}: {last[0]}", tail)
+            return Stop(
+                ErrorKind.REFERENCE_ERROR,
+                f"the reference failed during {phase}: {last[0]}",
+                tail,
+            )
         if self.reaped and code == reaper.OVER_CAP:
             cap = sandbox.MAX_PROCESSES
             return Stop(
-                "crash", f"the {self.name} made over {cap} processes (the cap) during {phase}"
+                ErrorKind.CRASH,
+                f"the {self.name} made over {cap} processes (the cap) during {phase}",
             )
         if code < 0:
             name = signal.Signals(-code).name
             if -code == signal.SIGKILL:
-                return Stop("oom", f"the {self.name} was killed during {phase} (out of memory?)")
-            return Stop("crash", f"the {self.name} died of {name} during {phase}", tail)
+                return Stop(
+                    ErrorKind.OOM, f"the {self.name} was killed during {phase} (out of memory?)"
+                )
+            return Stop(ErrorKind.CRASH, f"the {self.name} died of {name} during {phase}", tail)
         if "MemoryError" in tail or "out of memory" in tail:
-            return Stop("oom", f"the {self.name} ran out of memory during {phase}", tail)
-        return Stop("crash", f"the {self.name} exited with code {code} during {phase}", tail)
+            return Stop(ErrorKind.OOM, f"the {self.name} ran out of memory during {phase}", tail)
+        return Stop(
+            ErrorKind.CRASH, f"the {self.name} exited with code {code} during {phase}", tail
+        )
 
 
 def _tail(path: Path, size: int) -> str:
@@ -274,6 +304,23 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("T", "t", "Z", "X")
+
+
+@contextlib.contextmanager
+def timing_lock(device: str) -> Iterator[None]:
+    """One timing at a time per device on this machine (not per HTAM home): a file lock
+    in the system's temporary folder, released when this process dies."""
+    folder = Path(tempfile.gettempdir()) / "htam-locks"
+    folder.mkdir(exist_ok=True)
+    with contextlib.suppress(OSError):
+        folder.chmod(0o1777)
+    path = folder / f"timing-{device}.lock"
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
 
 
 def pin(child: Child, core: int) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from htam_engine.evaluate.verdict import Check
+from htam_engine.vocabulary import ErrorKind
 
 # the caller's commands, one line each, in this order
 PREPARE = "prepare"  # make the input sets (a caller may hold this while it sizes the problem)
@@ -85,7 +86,7 @@ class Failed:
     """The judge stopped the evaluation (`process.Stop` on its side)."""
 
     EVENT: ClassVar[str] = "error"
-    kind: str
+    kind: ErrorKind
     message: str
     log: str = ""
     line: int | None = None
@@ -97,6 +98,7 @@ _CHECKED = {"checks"}  # fields that are lists of `Check`
 # how a decoded field of each annotated type is checked (annotations are strings here)
 _AS: dict[str, Any] = {
     "str": str,
+    "ErrorKind": ErrorKind,
     "int": int,
     "float": float,
     "int | None": lambda v: None if v is None else int(v),

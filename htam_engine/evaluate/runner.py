@@ -19,11 +19,14 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from htam_engine import machine, roofline, stats, triton_backend
 from htam_engine.evaluate import builds, cache, excerpt, protocol, sandbox, standby
+from htam_engine.evaluate.jobfolder import Started
+from htam_engine.evaluate.jobspec import Asked, Conditions, JobSpec
 from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
 from htam_engine.evaluate.process import Child, Stop
 from htam_engine.evaluate.sandbox import sandbox_mode
@@ -42,8 +45,6 @@ from htam_engine.vocabulary import TORCH_OP_GROUPS
 MAX_TRIALS = 100
 # The 95 % interval's half-width at which timing stops, relative to the speedup.
 TARGET_HALF_WIDTH = {"cpu": 0.05, "cuda": 0.01}
-_WORKER_KEYS = ("name", "kind", "backend", "entry", "device", "init_seed", "allow_torch")
-_BASELINE_KEY = "baseline"  # in a worker's job only when the reference is compiled
 # How much one kernel's speedup moves between evaluations, beyond what its pairs show:
 # CPU, the coefficient of variation over 10 evaluations of examples/softmax/cpu_naive.py
 # on a 2-core machine, idle and next to a busy neighbour (benchmarks/bench_noise.py:
@@ -229,7 +230,7 @@ def run_candidate(
     on_phase("compile")
     ahead = _ahead(task, verdict.device, limits)
     if baseline == COMPILED:
-        ahead["baseline"] = COMPILED  # the reference worker compiles and warms its model
+        ahead = replace(ahead, baseline=COMPILED)  # the reference worker compiles its model
     with standby.judge_for(ahead, task.reference_source) as started:
         boxes = _write_job(started, task, source, incumbent, decide)
         started.judge.send(protocol.JOB)
@@ -274,12 +275,12 @@ def size_problem(
     return standby.size(_ahead_of(task, device, limits), task.reference_source, limit_s)
 
 
-def judge_conditions(task: Task, device: str = "auto") -> dict[str, Any]:
-    """What a judge for `task` on `device` is started under (`standby.CONDITIONS`)."""
-    return standby.conditions_of(_ahead_of(task, device, None))
+def judge_conditions(task: Task, device: str = "auto") -> Conditions:
+    """What a judge for `task` on `device` is started under."""
+    return _ahead_of(task, device, None).conditions
 
 
-def _ahead_of(task: Task, device: str, limits: Limits | None) -> dict[str, Any]:
+def _ahead_of(task: Task, device: str, limits: Limits | None) -> JobSpec:
     resolved = machine.resolve_device(device, task.backend)
     return _ahead(task, resolved, limits or Limits())
 
@@ -305,27 +306,27 @@ def _compile_seconds(verdict: Verdict, path: Path) -> None:
         verdict.phase_seconds["reference_compile"] = float(json.loads(path.read_text())["s"])
 
 
-def _ahead(task: Task, device: str, limits: Limits) -> dict[str, Any]:
+def _ahead(task: Task, device: str, limits: Limits) -> JobSpec:
     """All of a job that is known before its candidate: a judge started ahead prepares
     its workers, input sets and expected outputs from it."""
-    return {
-        "name": task.name,
-        "kind": task.kind,
-        "backend": task.backend,
-        "entry": task.entry,
-        "device": device,
-        "allow_torch": sorted(allowed_ops(task.allow_torch)),
-        "input_sets": limits.input_sets,
-        "max_trials": MAX_TRIALS,
-        "target_half_width": TARGET_HALF_WIDTH.get(device, 0.05),
-        "run_to_run_cv": RUN_TO_RUN_CV.get(device, 0.0),
-        "compile_s": limits.compile_s,
-        "verify_s": limits.verify_s,
-        "time_s": limits.time_s,
-        "memory_mb": limits.memory_mb,
-        "inputs_ahead_mb": limits.inputs_ahead_mb,
-        "threads": timing_threads(),
-    }
+    return JobSpec(
+        name=task.name,
+        kind=task.kind,
+        backend=task.backend,
+        entry=task.entry,
+        device=device,
+        allow_torch=tuple(sorted(allowed_ops(task.allow_torch))),
+        input_sets=limits.input_sets,
+        max_trials=MAX_TRIALS,
+        target_half_width=TARGET_HALF_WIDTH.get(device, 0.05),
+        run_to_run_cv=RUN_TO_RUN_CV.get(device, 0.0),
+        compile_s=limits.compile_s,
+        verify_s=limits.verify_s,
+        time_s=limits.time_s,
+        memory_mb=limits.memory_mb,
+        inputs_ahead_mb=limits.inputs_ahead_mb,
+        threads=timing_threads(),
+    )
 
 
 def _fail(
@@ -388,10 +389,10 @@ def _compile_only(task: Task, source: str, verdict: Verdict, limits: Limits) -> 
         checked = nvcc_check(code, limits.compile_s)
         verdict.phase_seconds["compile"] = round(time.monotonic() - start, 3)
         if checked.status == "timeout":
-            stop = Stop("timeout", f"{where}: the nvcc compile check {checked.log}")
+            stop = Stop(ErrorKind.TIMEOUT, f"{where}: the nvcc compile check {checked.log}")
             return _error(verdict, stop, source)
         if checked.status == "rejected":
-            stop = Stop("compile_error", f"{where}: nvcc rejected the kernel", checked.log)
+            stop = Stop(ErrorKind.COMPILE_ERROR, f"{where}: nvcc rejected the kernel", checked.log)
             return _error(verdict, stop, source)
         if checked.status == "absent":
             message = f"{where}, and no nvcc on PATH to compile-check it: nothing compiled or timed"
@@ -406,7 +407,7 @@ def _compile_only(task: Task, source: str, verdict: Verdict, limits: Limits) -> 
 
 
 def _write_job(
-    started: standby.Started,
+    started: Started,
     task: Task,
     source: str,
     incumbent: str | None = None,
@@ -417,10 +418,10 @@ def _write_job(
     neither holds seeds or inputs. A box holding code is seeded with that code's own
     earlier build, if kept (`builds`, under bwrap); its build box by role."""
     name = display_name(task)
-    worker_job = {key: started.job[key] for key in _WORKER_KEYS}
-    if _BASELINE_KEY in started.job:
-        worker_job[_BASELINE_KEY] = started.job[_BASELINE_KEY]
-    candidate_job = {**worker_job, "candidate_file": f"candidate/{name}"}
+    job = started.job
+    assert job is not None, "a judge is given its task before its job"
+    worker_job = job.worker()
+    candidate_job = replace(worker_job, candidate_file=f"candidate/{name}")
     boxes = {}
     for role, code in (("candidate", source), ("reference", incumbent)):
         if code is not None:
@@ -428,18 +429,18 @@ def _write_job(
             (started.jobdir / role / "candidate").mkdir()
             (started.jobdir / role / "candidate" / name).write_text(code)
             sandbox.place_siblings(siblings, started.jobdir / role / "candidate")
-            (started.jobdir / role / "job.json").write_text(json.dumps(candidate_job))
+            (started.jobdir / role / "job.json").write_text(json.dumps(candidate_job.to_json()))
             if builds.enabled():
-                key = builds.key(name, code, siblings, started.job["device"])
+                key = builds.key(name, code, siblings, job.device)
                 box = builds.Box(started.jobdir / role / builds.FOLDER, key)
                 box.seed()
                 boxes["candidate" if role == "candidate" else "incumbent"] = box
     if incumbent is None:
         (started.jobdir / "reference" / "reference.py").write_text(task.reference_source)
-        (started.jobdir / "reference" / "job.json").write_text(json.dumps(worker_job))
-    job = {**started.job, "compare": incumbent is not None, "decide": decide}
-    job["count_work"] = roofline.kept_work(task.reference_source) is None
-    (started.jobdir / "job.json").write_text(json.dumps(job))
+        (started.jobdir / "reference" / "job.json").write_text(json.dumps(worker_job.to_json()))
+    count_work = roofline.kept_work(task.reference_source) is None
+    asked = Asked(compare=incumbent is not None, decide=decide, count_work=count_work)
+    (started.jobdir / "job.json").write_text(json.dumps(job.asking(asked).to_json()))
     return boxes
 
 
@@ -622,7 +623,7 @@ def gpu_clocks() -> dict[str, float]:
 def _error(verdict: Verdict, stop: Stop, source: str) -> Verdict:
     line = excerpt.line_from_log(stop.log, source) or stop.line
     message = stop.message
-    kind = ErrorKind(stop.kind)
+    kind = stop.kind
     if kind == ErrorKind.COMPILE_ERROR and stop.log:
         message = f"{message}\n{excerpt.first_error(stop.log)}".strip()
     verdict.error = EvalError(kind, message[:1200], excerpt.around(source, line), line)

@@ -28,6 +28,7 @@ from torch.autograd.profiler import profile
 
 from htam_engine import kernels
 from htam_engine.evaluate import common
+from htam_engine.evaluate.jobspec import WorkerJob
 
 _GUARDED = common.guarded_attributes()
 _WATCH = threading.Event()  # set while the model runs
@@ -124,15 +125,15 @@ class Harness:
         self.box = box
         self.role = role
         self.events = events
-        self.job = json.loads((box / "job.json").read_text())
-        self.device = torch.device(self.job["device"])
-        self.candidate_path = box / self.job.get("candidate_file", "reference.py")
+        self.job = WorkerJob.from_json(json.loads((box / "job.json").read_text()))
+        self.device = torch.device(self.job.device)
+        self.candidate_path = box / (self.job.candidate_file or "reference.py")
         self.threads_before: set[int | None] = set()
         self.model: Any = None
         self.ops: Counter[str] = Counter()  # aten ops outside the allowed ones, counted
         self.canary = torch.ones(1)
         # the aten ops the trusted side's policy lets torch compute (`--allow-torch`)
-        self.allowed = frozenset(str(op) for op in self.job.get("allow_torch", []))
+        self.allowed = frozenset(self.job.allow_torch)
         self.used: set[str] = set()
         self.profiler = profile(use_cpu=True)  # replaced by a running one at load
         self.types: set[str] = set()
@@ -150,23 +151,24 @@ class Harness:
         init = torch.load(self.box / "init.pt", weights_only=True)
         kernels.use_build_dir(self.box / "build")
         common.share_inline_builds(self.box / "torch_extensions")
-        if self.role == "reference" and "candidate_file" not in self.job:  # else a comparison
+        if self.role == "reference" and self.job.candidate_file is None:  # else a comparison
             module = common.import_file("htam_reference", self.box / "reference.py")
-            torch.manual_seed(self.job["init_seed"])
+            torch.manual_seed(self.job.init_seed)
             self.model = module.Model(*init)
-            if self.job.get("baseline") == "compiled":  # `--baseline compile`
+            if self.job.baseline == "compiled":  # `--baseline compile`
                 self.model = _compiled(self.model.to(self.device), module, self.box, self.device)
-        elif self.job["kind"] == "cu":
+        elif self.job.kind == "cu":
+            assert self.job.entry is not None  # a `.cu` task always names it (`task`)
             self.model = common.cuda_entry_model(
-                self.candidate_path.read_text(), self.job["entry"], self.job["name"]
+                self.candidate_path.read_text(), self.job.entry, self.job.name
             )
         else:
-            if self.job["backend"] == "triton":
-                _prepare_triton(self.job["device"])
+            if self.job.backend == "triton":
+                _prepare_triton(self.job.device)
             module = common.import_file("htam_candidate", self.candidate_path)
             if not hasattr(module, "ModelNew"):
                 raise common.CandidateError("the candidate defines no `ModelNew`")
-            torch.manual_seed(self.job["init_seed"])
+            torch.manual_seed(self.job.init_seed)
             self.model = module.ModelNew(*init)
         if isinstance(self.model, torch.nn.Module):
             self.model = self.model.to(self.device)
