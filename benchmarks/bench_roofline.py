@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from htam_engine import roofline  # noqa: E402
+from htam_engine.placement import Placement  # noqa: E402
 
 DEFAULT_TASKS = [
     *sorted(str(p) for p in (ROOT / "examples").glob("*/reference.py")),
@@ -109,16 +110,17 @@ def task_numbers(path: str, limits: roofline.MachineLimits, compile_too: bool) -
         bound = roofline.bound_for(work, limits)
         assert bound is not None
         placed = roofline.place(work, bound, eager_ms)
+        assert placed is not None
         found: dict[str, Any] = {
             "task": str(Path(path).relative_to(ROOT)),
             "bytes": work.bytes,
             "flops": work.flops,
-            "bound": placed["bound"],
-            "roofline_ms": round(placed["roofline_ms"], 5),
+            "bound": placed.bound,
+            "roofline_ms": round(placed.roofline_ms, 5),
             "pytorch_ms": round(eager_ms, 5),
-            "pytorch_fraction": placed["fraction"],
-            "pytorch_gbs": placed["achieved_gbs"],
-            "pytorch_gflops": placed["achieved_gflops"],
+            "pytorch_fraction": placed.fraction,
+            "pytorch_gbs": placed.achieved_gbs,
+            "pytorch_gflops": placed.achieved_gflops,
         }
         if not compile_too:
             return found
@@ -137,7 +139,7 @@ def task_numbers(path: str, limits: roofline.MachineLimits, compile_too: bool) -
         found["compiled_ms"] = round(statistics.median(fast), 5)
         ratios = [e / f for e, f in zip(eager, fast, strict=True)]
         found["compile_speedup"] = round(statistics.median(ratios), 3)
-        found["compiled_fraction"] = round(placed["roofline_ms"] / statistics.median(fast), 4)
+        found["compiled_fraction"] = round(placed.roofline_ms / statistics.median(fast), 4)
     return found
 
 
@@ -150,16 +152,16 @@ def naive_verdicts() -> list[dict[str, Any]]:
     for naive in sorted((ROOT / "examples").glob("*/cpu_naive.py")):
         task = load_task(naive)
         verdict = evaluate(task, task.impl_source or "", device="cpu", use_cache=False)
-        light = verdict.roofline
+        light = verdict.roofline if isinstance(verdict.roofline, Placement) else None
         rows.append(
             {
                 "task": str(naive.relative_to(ROOT)),
                 "speedup": verdict.speedup,
                 "runtime_ms": verdict.runtime_ms,
                 "ref_runtime_ms": verdict.ref_runtime_ms,
-                "naive_fraction": light.get("fraction"),
-                "pytorch_fraction": light.get("reference_fraction"),
-                "bound": light.get("bound"),
+                "naive_fraction": light.fraction if light else None,
+                "pytorch_fraction": light.reference_fraction if light else None,
+                "bound": light.bound if light else None,
                 "error": verdict.error.message[:200] if verdict.error else None,
             }
         )

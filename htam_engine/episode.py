@@ -23,13 +23,13 @@ from htam_engine.policy import (
     select_global,
 )
 from htam_engine.state import PathEntry, State
-from htam_engine.vocabulary import FIRST_STEP, STATUS_TABLE, Status
+from htam_engine.vocabulary import FIRST_STEP, STATUS_TABLE, Backend, Status
 
 IMPROVE_MARGIN = 1.02  # below this a "faster" candidate is timing noise
 UNBUILT = (Status.COMPILE_ERROR, Status.NO_CODE)
 
 
-def task_signature(backend: str, family: str, name: str) -> str:
+def task_signature(backend: Backend, family: str, name: str) -> str:
     """How evidence names the task it came from, e.g. "cpu:reduction:softmax"."""
     return f"{backend}:{family}:{name}"
 
@@ -52,7 +52,7 @@ class Decision:
 
 @dataclass
 class Episode:
-    backend: str
+    backend: Backend
     family: str
     signature: str
     config: PolicyConfig = field(default_factory=PolicyConfig)

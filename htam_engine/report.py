@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from htam_engine.formatting import (
+    format_bounded,
+    format_compile,
+    format_duel,
+    format_interval,
+    format_roofline,
+    format_speedup,
+)
+from htam_engine.placement import Placement
+
 if TYPE_CHECKING:
-    from htam_engine.evaluate.verdict import Duel, Verdict
     from htam_engine.loop import RunResult
 
 
@@ -74,12 +82,12 @@ def _light_lines(result: RunResult) -> list[str]:
     from htam_engine.roofline import describe
 
     lines = []
-    light = result.start_verdict.roofline if result.start_verdict else {}
-    if "fraction" in light:
+    light = result.start_verdict.roofline if result.start_verdict else None
+    if isinstance(light, Placement):
         lines.append(
-            f"- roofline ({light['where']}, {light['bound']}-bound: {light['bytes']} bytes, "
-            f"{light['flops']} FLOPs, at best {light['roofline_ms']:.4g} ms): the start is "
-            f"{describe(light)}; PyTorch at {100 * light.get('reference_fraction', 0):.0f} %"
+            f"- roofline ({light.where}, {light.bound}-bound: {light.bytes} bytes, "
+            f"{light.flops} FLOPs, at best {light.roofline_ms:.4g} ms): the start is "
+            f"{describe(light)}; PyTorch at {100 * (light.reference_fraction or 0):.0f} %"
         )
     timed = [
         (result.start_verdict, "start"),
@@ -91,42 +99,20 @@ def _light_lines(result: RunResult) -> list[str]:
     return lines
 
 
-def format_roofline(verdict: Verdict) -> str:
-    """A timed verdict's fraction of its roofline: "61 % memory"; "-" when not placed."""
-    light = verdict.roofline
-    if "fraction" not in light:
-        return "-"
-    flag = " faster than light" if light.get("faster_than_light") else ""
-    return f"{100 * light['fraction']:.0f} % {light['bound']}{flag}"
-
-
-def format_compile(verdict: Verdict) -> str:
-    """The speedup over the torch.compile'd reference: "1.10x (95 % 1.02-1.19; compiled
-    in 31 s)", or why there is none."""
-    base = verdict.compile_baseline
-    if base.get("error"):
-        return f"n/a (torch.compile failed: {base['error'][:200]})"
-    if base.get("speedup") is None:
-        return "-"
-    bounds = format_bounds((base["low"], base["high"]))
-    return f"{format_speedup(base['speedup'])} ({bounds}; compiled in {base['compile_s']:.0f} s)"
-
-
 def versus_start(result: RunResult) -> list[str]:
     """Each step's speedup over the start, one number a step: timed in pairs where the
     engine did that (its duel while the start was still the best, or the run's best
     re-timed against the start), else the ratio of two speedups over PyTorch, labelled
     as the estimate it is (`est. 3.94x`)."""
-    cells, start_is_best = [], True
+    cells = []
     for s in result.steps:
         duel = s.versus_best
         if s.step == result.best_step and result.best_interval and result.best_over_start:
             cells.append(format_bounded(result.best_over_start, result.best_interval))
-        elif start_is_best and duel is not None and duel.speedup is not None:
+        elif duel is not None and duel.against == 0 and duel.speedup is not None:
             cells.append(format_bounded(duel.speedup, duel.bounds))
         else:
             cells.append("-" if s.speedup is None else f"est. {format_speedup(s.speedup)}")
-        start_is_best = start_is_best and s.status != "improved"
     return cells
 
 
@@ -167,44 +153,3 @@ def plot_speedups(result: RunResult, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
-
-
-def format_speedup(value: float | None) -> str:
-    """The one way a speedup is written: "1.46x", or "n/a" when there is none."""
-    return "n/a" if value is None else f"{value:.2f}x"
-
-
-def format_bounds(bounds: Sequence[float]) -> str:
-    """The one way 95 % bounds are written: "95 % 1.02-1.10"."""
-    return f"95 % {bounds[0]:.2f}-{bounds[1]:.2f}"
-
-
-def format_bounded(value: float | None, bounds: Sequence[float] | None) -> str:
-    """A speedup with its 95 % bounds where it has them: "1.06x (95 % 1.02-1.10)"."""
-    if value is None or not bounds:
-        return format_speedup(value)
-    return f"{format_speedup(value)} ({format_bounds(bounds)})"
-
-
-def format_duel(duel: Duel | None) -> str:
-    """A step's timing in pairs against the best so far (`Step.versus_best`):
-    "1.05x (95 % 0.99-1.11), 3 runs", "failed (crash)"; "-" when it had none."""
-    if duel is None:
-        return "-"
-    if duel.speedup is None:
-        return f"failed ({duel.error or 'no timing'})"
-    text = format_bounded(duel.speedup, duel.bounds)
-    if duel.duels == 0:  # the reference ratios decided it: no duel was needed
-        return f"{text}, from the reference ratios"
-    return text if duel.duels == 1 else f"{text}, {duel.duels} runs"
-
-
-def format_interval(verdict: Verdict) -> str:
-    """A timed verdict's speedup over PyTorch with its 95 % interval and flags:
-    "1.46x (95 % 1.41-1.52)", "... noisy", "... suspect"; "-" when not timed."""
-    interval = verdict.interval
-    if not verdict.correct or interval is None:
-        return "-"
-    text = format_bounded(interval.estimate, (interval.low, interval.high))
-    flags = [name for name, on in (("noisy", verdict.noisy), ("suspect", verdict.suspect)) if on]
-    return " ".join([text, *flags])

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from htam_engine import machine
 from htam_engine.errors import UserError
 from htam_engine.paths import subdir, write_whole
+from htam_engine.placement import Limiting, Placement, Unplaced, Where
 
 if TYPE_CHECKING:
     from htam_engine.evaluate.verdict import Verdict
@@ -282,7 +283,7 @@ class Bound:
 
     bandwidth_gbs: float
     peak_gflops: float
-    where: str  # "core" (one CPU thread) or "GPU"
+    where: Where
 
 
 def bound_for(work: Work, limits: MachineLimits, device: str = "cpu") -> Bound | None:
@@ -296,7 +297,7 @@ def bound_for(work: Work, limits: MachineLimits, device: str = "cpu") -> Bound |
     return Bound(limits.bandwidth_at(work.bytes, "1"), limits.peak_gflops["1"], "core")
 
 
-def roofline_ms(work: Work, bound: Bound) -> tuple[float, str]:
+def roofline_ms(work: Work, bound: Bound) -> tuple[float, Limiting]:
     """(the roofline time in ms, the bound that sets it: memory or compute)."""
     memory_ms = work.bytes / (bound.bandwidth_gbs * 1e9) * 1e3
     compute_ms = work.flops / (bound.peak_gflops * 1e9) * 1e3
@@ -309,32 +310,30 @@ def place(
     runtime_ms: float,
     ref_runtime_ms: float | None = None,
     slowest_ms: float | None = None,
-) -> dict[str, Any]:
-    """A timed kernel on the roofline (the verdict's `roofline`, {} when the work is
+) -> Placement | None:
+    """A timed kernel on the roofline (the verdict's `roofline`, None when the work is
     unknown): achieved GB/s and GFLOP/s, the bound, the fraction of the roofline time
     achieved (by the candidate, and by the reference), and whether even the slow end of
     its interval (`slowest_ms`) is faster than light."""
     if not work.known or runtime_ms <= 0 or work.bytes <= 0:
-        return {}
+        return None
     best_ms, limiting = roofline_ms(work, bound)
     seconds = runtime_ms / 1e3
-    placed: dict[str, Any] = {
-        "bytes": work.bytes,
-        "flops": work.flops,
-        "bound": limiting,
-        "where": bound.where,
-        "bandwidth_gbs": round(bound.bandwidth_gbs, 3),
-        "peak_gflops": round(bound.peak_gflops, 3),
-        "roofline_ms": best_ms,
-        "achieved_gbs": round(work.bytes / seconds / 1e9, 3),
-        "achieved_gflops": round(work.flops / seconds / 1e9, 3),
-        "fraction": round(best_ms / runtime_ms, 4),
-    }
-    if ref_runtime_ms:
-        placed["reference_fraction"] = round(best_ms / ref_runtime_ms, 4)
     slowest = slowest_ms if slowest_ms is not None else runtime_ms
-    placed["faster_than_light"] = best_ms / slowest > FASTER_THAN_LIGHT
-    return placed
+    return Placement(
+        bytes=work.bytes,
+        flops=work.flops,
+        bound=limiting,
+        where=bound.where,
+        bandwidth_gbs=round(bound.bandwidth_gbs, 3),
+        peak_gflops=round(bound.peak_gflops, 3),
+        roofline_ms=best_ms,
+        achieved_gbs=round(work.bytes / seconds / 1e9, 3),
+        achieved_gflops=round(work.flops / seconds / 1e9, 3),
+        fraction=round(best_ms / runtime_ms, 4),
+        reference_fraction=round(best_ms / ref_runtime_ms, 4) if ref_runtime_ms else None,
+        faster_than_light=best_ms / slowest > FASTER_THAN_LIGHT,
+    )
 
 
 _REMEASURED: set[Path] = set()  # the kept limits this process measured again
@@ -358,25 +357,26 @@ def for_verdict(
         limits = machine_limits()
         bound = bound_for(work, limits, verdict.device)
     except (RuntimeError, TypeError, KeyError, ValueError) as error:  # never the verdict's
-        verdict.roofline = {"why": f"the machine's limits: {error}"[:300]}
+        verdict.roofline = Unplaced(f"the machine's limits: {error}"[:300])
         return
     if bound is None or not work.known:
-        verdict.roofline = {"why": work.why or "the GPU's limits were not measured"}
+        verdict.roofline = Unplaced(work.why or "the GPU's limits were not measured")
         return
     # the slow end of the candidate's time: its time at the speedup's lower bound
     slowest = verdict.runtime_ms * verdict.interval.estimate / max(verdict.interval.low, 1e-12)
     ref_ms = verdict.ref_runtime_ms if versus_reference else None
     placed = place(work, bound, verdict.runtime_ms, ref_ms, slowest)
+    if placed is None:  # the task moves no bytes: nothing to hold it to
+        verdict.roofline = None
+        return
     # PyTorch beating light says the same: the limits were measured under a load
-    light = placed.get("reference_fraction", 0) > FASTER_THAN_LIGHT
-    beyond = placed.get("faster_than_light") or light
-    if beyond and _cached_path() not in _REMEASURED:  # once: a measurement takes seconds
-        _REMEASURED.add(_cached_path())
+    light = (placed.reference_fraction or 0) > FASTER_THAN_LIGHT
+    if (placed.faster_than_light or light) and _cached_path() not in _REMEASURED:
+        _REMEASURED.add(_cached_path())  # once: a measurement takes seconds
         bound = bound_for(work, machine_limits(refresh=True), verdict.device) or bound
-        placed = place(work, bound, verdict.runtime_ms, ref_ms, slowest)
-    placed["machine"] = limits.fingerprint
-    verdict.roofline = placed
-    verdict.suspect = verdict.suspect or bool(placed.get("faster_than_light"))
+        placed = place(work, bound, verdict.runtime_ms, ref_ms, slowest) or placed
+    verdict.roofline = replace(placed, machine=limits.fingerprint)
+    verdict.suspect = verdict.suspect or placed.faster_than_light
 
 
 def replace_on_kept(verdict: Verdict) -> None:
@@ -384,52 +384,54 @@ def replace_on_kept(verdict: Verdict) -> None:
     after it was stored), so a run's numbers share one machine; nothing is measured."""
     light = verdict.roofline
     limits = cached_limits()
-    if "bytes" not in light or limits is None or not verdict.runtime_ms:
+    if not isinstance(light, Placement) or limits is None or not verdict.runtime_ms:
         return
-    work = Work(inputs=int(light["bytes"]), outputs=0, parameters=0, flops=int(light["flops"]))
+    work = Work(inputs=light.bytes, outputs=0, parameters=0, flops=light.flops)
     bound = bound_for(work, limits, verdict.device)
     if bound is None:
         return
-    ref_ms = verdict.ref_runtime_ms if "reference_fraction" in light else None
-    placed = place(work, bound, verdict.runtime_ms, ref_ms)
+    ref_ms = verdict.ref_runtime_ms if light.reference_fraction is not None else None
+    if (placed := place(work, bound, verdict.runtime_ms, ref_ms)) is None:
+        return
     # the interval's slow end is not kept: the stored flag stands
-    placed["faster_than_light"] = bool(light.get("faster_than_light"))
-    verdict.roofline = {**placed, "machine": limits.fingerprint}
+    verdict.roofline = replace(
+        placed, faster_than_light=light.faster_than_light, machine=limits.fingerprint
+    )
 
 
-def describe(roofline: dict[str, Any], short: bool = False) -> str:
-    """ "at 61 % of this core's memory bandwidth (12.1 of 19.8 GB/s)"; "" for {}."""
-    if "fraction" not in roofline:
+def describe(roofline: Placement | Unplaced | None, short: bool = False) -> str:
+    """ "at 61 % of this core's memory bandwidth (12.1 of 19.8 GB/s)"; "" when not placed."""
+    if not isinstance(roofline, Placement):
         return ""
-    percent = f"{100 * roofline['fraction']:.0f} %"
-    if roofline["bound"] == "memory":
+    percent = f"{100 * roofline.fraction:.0f} %"
+    if roofline.bound == "memory":
         what, got, limit, unit = (
             "memory bandwidth",
-            roofline["achieved_gbs"],
-            roofline["bandwidth_gbs"],
+            roofline.achieved_gbs,
+            roofline.bandwidth_gbs,
             "GB/s",
         )
     else:
         what, got, limit, unit = (
             "FP32 peak",
-            roofline["achieved_gflops"],
-            roofline["peak_gflops"],
+            roofline.achieved_gflops,
+            roofline.peak_gflops,
             "GFLOP/s",
         )
-    where = "this GPU's" if roofline.get("where") == "GPU" else "this core's"
+    where = "this GPU's" if roofline.where == "GPU" else "this core's"
     text = f"at {percent} of {where} {what}"
     if short:
         return text
     text += f" ({got:.3g} of {limit:.3g} {unit})"
-    return text + (" - faster than light" if roofline.get("faster_than_light") else "")
+    return text + (" - faster than light" if roofline.faster_than_light else "")
 
 
-def tags(roofline: dict[str, Any]) -> list[str]:
+def tags(roofline: Placement | Unplaced | None) -> list[str]:
     """State tags: `memory_bound` / `compute_bound`, and `near_limit` at 90 % or more."""
-    if "fraction" not in roofline:
+    if not isinstance(roofline, Placement):
         return []
-    found = [f"{roofline['bound']}_bound"]
-    return found + (["near_limit"] if roofline["fraction"] >= NEAR_LIMIT else [])
+    found = [f"{roofline.bound}_bound"]
+    return found + (["near_limit"] if roofline.fraction >= NEAR_LIMIT else [])
 
 
 # ---------------------------------------------------------------- `htam machine`
@@ -608,8 +610,7 @@ def measure() -> dict[str, Any]:
     """In the child: every limit, measured under the CPU timing lock."""
     import torch
 
-    from htam_engine.evaluate.judge import timing_lock
-    from htam_engine.evaluate.process import quietest_core
+    from htam_engine.evaluate.process import quietest_core, timing_lock
 
     model, isa, lanes = cpu_isa()
     cores = sorted(os.sched_getaffinity(0))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from htam_engine.report import format_speedup
+from htam_engine.formatting import format_speedup
+from htam_engine.vocabulary import Backend, Status
 
 
 @dataclass(frozen=True)
@@ -13,7 +14,7 @@ class PathEntry:
 
     global_id: str
     local_id: str
-    status: str
+    status: Status
 
 
 @dataclass
@@ -24,9 +25,9 @@ class State:
     strategy applicability are written in the same tags.
     """
 
-    backend: str  # "cuda" | "cpu"
-    family: str  # "elementwise" | "reduction" | "matmul" | "fused" | "unknown"
-    task_signature: str  # stable, e.g. "cpu:softmax:f32[4096x1024]"
+    backend: Backend
+    family: str  # one of `vocabulary.FAMILIES` ("unknown" when none fits)
+    task_signature: str  # `episode.task_signature`, e.g. "cpu:reduction:softmax"
     features: set[str] = field(default_factory=set)
     feedback: set[str] = field(default_factory=set)  # e.g. {"first_step"}, {"compile_error"}
     last_speedup: float | None = None

@@ -24,9 +24,9 @@ from typing import Any
 
 from htam_engine.errors import UserError
 from htam_engine.evaluate.cli import add_policy_arguments
+from htam_engine.formatting import format_speedup
 from htam_engine.machine import DEVICE_CHOICES
 from htam_engine.paths import write_whole
-from htam_engine.report import format_speedup
 from htam_engine.task import parse_allow_torch
 
 FAST_P = (1.0, 1.5, 2.0)  # fast_1 is KernelBench's Fast@1; fast_0 is the correct rate

@@ -10,10 +10,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from htam_engine import parsing
+from htam_engine.decisions import GlobalDecision
 from htam_engine.state import State
+from htam_engine.vocabulary import Backend
 from htam_lsp.discovery import Unit
 from htam_lsp.documents import Document, uri_path
 
@@ -33,8 +35,8 @@ def _cached(doc: Document, key: str, compute: Callable[[], T]) -> T:
     return value
 
 
-def backend(doc: Document) -> str:
-    """ "cuda" or "cpu": what the evaluation of this document would run on."""
+def backend(doc: Document) -> Backend:
+    """ "cuda", "triton" or "cpu": what the evaluation of this document would run on."""
     if doc.language == "cuda":
         return "cuda"
     if doc.language == "python":
@@ -131,13 +133,13 @@ def state(doc: Document, unit: Unit) -> State:
     return episode(doc).state(_features(doc, unit, backend(doc)))
 
 
-def preview(doc: Document, unit: Unit, graph: Graph) -> tuple[str, dict[str, Any]]:
+def preview(doc: Document, unit: Unit, graph: Graph) -> tuple[str, GlobalDecision]:
     """(state text, GlobalDecision JSON): what the memory would pick first for `unit`."""
     key = f"preview:{unit.name}:{graph.revision}"  # a step changes the memory: a new preview
     return _cached(doc, key, lambda: _preview(doc, unit, graph))
 
 
-def _preview(doc: Document, unit: Unit, graph: Graph) -> tuple[str, dict[str, Any]]:
+def _preview(doc: Document, unit: Unit, graph: Graph) -> tuple[str, GlobalDecision]:
     s = state(doc, unit)
     decision = episode(doc).choose_global(graph, s, random.Random(0))
-    return s.describe(), decision.to_json()
+    return s.describe(), decision

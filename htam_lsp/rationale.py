@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
-from htam_engine.report import format_speedup
+from htam_engine.formatting import format_speedup
 from htam_lsp import insight, render
 from htam_lsp import suggestions as sg
 from htam_lsp.discovery import Unit

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from htam_engine import events
-from htam_engine.report import format_bounded, format_bounds, format_duel, format_speedup
+from htam_engine.decisions import GlobalDecision
+from htam_engine.formatting import format_bounded, format_bounds, format_duel, format_speedup
 from htam_engine.roofline import describe
 from htam_lsp.suggestions import StepRecord
 
@@ -135,58 +136,54 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def directions_table(graph: Graph, decision: dict[str, Any], chosen: str | None) -> list[str]:
+def directions_table(
+    graph: Graph, decision: GlobalDecision | None, chosen: str | None
+) -> list[str]:
     """The top directions by probability with score and triggers; `chosen` always shown."""
-    candidates = sorted(
-        decision.get("candidates", []), key=lambda c: c.get("probability", 0.0), reverse=True
-    )
+    found = decision.candidates if decision else []
+    candidates = sorted(found, key=lambda c: c.probability, reverse=True)
     shown = candidates[:TOP_DIRECTIONS]
-    shown += [c for c in candidates[TOP_DIRECTIONS:] if c.get("id") == chosen]
+    shown += [c for c in candidates[TOP_DIRECTIONS:] if c.id == chosen]
     lines = ["| direction | score | p | triggers matched |", "|---|---:|---:|---|"]
     for c in shown:
-        name = node_name(graph, c.get("id", ""))
-        if c.get("id") == chosen:
+        name = node_name(graph, c.id)
+        if c.id == chosen:
             name = f"**{name}** (chosen)"
-        matches = ", ".join(c.get("trigger_matches", [])) or "-"
-        lines.append(
-            f"| {_cell(name)} | {c.get('score', 0.0):+.3f} | {c.get('probability', 0.0):.2f} "
-            f"| {_cell(matches)} |"
-        )
+        matches = ", ".join(c.trigger_matches) or "-"
+        lines.append(f"| {_cell(name)} | {c.score:+.3f} | {c.probability:.2f} | {_cell(matches)} |")
     return lines
 
 
-def transition_evidence(graph: Graph, decision: dict[str, Any]) -> list[str]:
+def transition_evidence(graph: Graph, decision: GlobalDecision | None) -> list[str]:
     """Edge terms of the chosen direction: alpha, evidence count, mean, prior, utility."""
-    chosen = next(
-        (c for c in decision.get("candidates", []) if c.get("id") == decision.get("chosen")), None
-    )
+    if decision is None:
+        return []
+    chosen = next((c for c in decision.candidates if c.id == decision.chosen), None)
     if chosen is None:
         return []
-    prefix = " -> ".join(node_name(graph, p) for p in decision.get("prefix", [])) or "START"
-    lines = [f"Prefix: {prefix}; temperature {decision.get('temperature', 0.0):g}"]
-    for term in chosen.get("edge_terms", []):
+    prefix = " -> ".join(node_name(graph, p) for p in decision.prefix) or "START"
+    lines = [f"Prefix: {prefix}; temperature {decision.temperature:g}"]
+    for term in chosen.edge_terms:
         lines.append(
-            f"- `{node_name(graph, term.get('src', ''))} -> {node_name(graph, chosen['id'])}` "
-            f"(k={term.get('k')}): alpha {term.get('alpha', 0.0):.2f}, n={term.get('n', 0):g}, "
-            f"mean {term.get('mean', 0.0):+.3f}, prior {term.get('prior', 0.0):+.2f}, "
-            f"U {term.get('utility', 0.0):+.3f} -> {term.get('contribution', 0.0):+.3f}"
+            f"- `{node_name(graph, term.src)} -> {node_name(graph, chosen.id)}` "
+            f"(k={term.k}): alpha {term.alpha:.2f}, n={term.n:g}, "
+            f"mean {term.mean:+.3f}, prior {term.prior:+.2f}, "
+            f"U {term.utility:+.3f} -> {term.contribution:+.3f}"
         )
     lines.append(
-        f"- direction itself: n={chosen.get('node_n', 0):g}, "
-        f"mean {chosen.get('node_mean', 0.0):+.3f}, "
-        f"U {chosen.get('node_utility', 0.0):+.3f}; trigger {chosen.get('trigger', 0.0):.2f} "
-        f"({len(chosen.get('trigger_matches', []))}/{chosen.get('trigger_total', 0)})"
+        f"- direction itself: n={chosen.node_n:g}, mean {chosen.node_mean:+.3f}, "
+        f"U {chosen.node_utility:+.3f}; trigger {chosen.trigger:.2f} "
+        f"({len(chosen.trigger_matches)}/{chosen.trigger_total})"
     )
     return lines
 
 
-def _top(decision: dict[str, Any]) -> dict[str, Any]:
+def _top(decision: GlobalDecision) -> GlobalDecision:
     """The decision as if its most probable direction had been drawn (for the preview)."""
-    candidates = decision.get("candidates", [])
-    if not candidates:
+    if not decision.candidates:
         return decision
-    best = max(candidates, key=lambda c: c.get("probability", 0.0))
-    return {**decision, "chosen": best.get("id")}
+    best = max(decision.candidates, key=lambda c: c.probability)
+    return replace(decision, chosen=best.id)
 
 
 def strategy_notes(graph: Graph, step: events.Step) -> list[str]:
@@ -260,7 +257,7 @@ class HoverParts:
     title: str
     history: Sequence[StepRecord]
     diff: list[str] | None = None
-    preview: tuple[str, dict[str, Any]] | None = None
+    preview: tuple[str, GlobalDecision] | None = None
     notes: Sequence[str] = ()
 
 
@@ -271,7 +268,7 @@ def hover_markdown(graph: Graph, parts: HoverParts) -> str:
         last = parts.history[-1].step
         decision = last.decision
         lines += [f"**Last step** ({outcome(last)}):", ""]
-        lines += [*directions_table(graph, decision, decision.get("chosen")), ""]
+        lines += [*directions_table(graph, decision, decision.chosen if decision else None), ""]
         lines += ["**Transition evidence**", "", *transition_evidence(graph, decision), ""]
         lines += [*strategy_notes(graph, last), ""]
         lines += ["**Measured history**", "", *history_table(graph, parts.history), ""]

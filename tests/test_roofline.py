@@ -16,8 +16,9 @@ import pytest
 from htam_engine import roofline
 from htam_engine.evaluate import Limits, evaluate
 from htam_engine.evaluate.verdict import Verdict
+from htam_engine.formatting import format_compile, format_roofline
 from htam_engine.paths import subdir
-from htam_engine.report import format_compile, format_roofline
+from htam_engine.placement import Placement, Unplaced
 from htam_engine.roofline import Bound, MachineLimits, Work
 from htam_engine.stats import Interval
 from htam_engine.task import load_task, with_policy
@@ -62,10 +63,11 @@ def test_a_softmax_is_held_to_the_bandwidth_at_its_footprint() -> None:
     best, limiting = roofline.roofline_ms(work, bound)
     assert limiting == "memory" and best == pytest.approx(3.3554432)
     placed = roofline.place(work, bound, runtime_ms=6.7108864, ref_runtime_ms=4.194304)
-    assert placed["fraction"] == pytest.approx(0.5)
-    assert placed["achieved_gbs"] == pytest.approx(5.0)
-    assert placed["reference_fraction"] == pytest.approx(0.8)
-    assert placed["faster_than_light"] is False
+    assert placed is not None
+    assert placed.fraction == pytest.approx(0.5)
+    assert placed.achieved_gbs == pytest.approx(5.0)
+    assert placed.reference_fraction == pytest.approx(0.8)
+    assert placed.faster_than_light is False
     assert roofline.describe(placed) == "at 50 % of this core's memory bandwidth (5 of 10 GB/s)"
     assert roofline.tags(placed) == ["memory_bound"]
 
@@ -87,7 +89,7 @@ def test_a_gemm_is_compute_bound() -> None:
     best, limiting = roofline.roofline_ms(work, bound)
     assert limiting == "compute" and best == pytest.approx(21.474836)
     placed = roofline.place(work, bound, runtime_ms=best / 0.9)
-    assert placed["achieved_gflops"] == pytest.approx(90.0)
+    assert placed is not None and placed.achieved_gflops == pytest.approx(90.0)
     assert roofline.tags(placed) == ["compute_bound", "near_limit"]
     assert roofline.describe(placed, short=True) == "at 90 % of this core's FP32 peak"
 
@@ -96,11 +98,11 @@ def test_faster_than_light_needs_the_slow_end_of_the_interval_to_beat_the_bound(
     work = Work(inputs=16 * MIB, outputs=16 * MIB, parameters=0, flops=0)  # 3.3554 ms at best
     bound = roofline.bound_for(work, _limits())
     fast = roofline.place(work, bound, runtime_ms=2.0, slowest_ms=2.5)
-    assert fast["fraction"] > 1 and fast["faster_than_light"] is True
+    assert fast is not None and fast.fraction > 1 and fast.faster_than_light is True
     assert "faster than light" in roofline.describe(fast)
     unsure = roofline.place(work, bound, runtime_ms=2.9, slowest_ms=3.2)  # within 10 %
-    assert unsure["fraction"] > 1 and unsure["faster_than_light"] is False
-    assert roofline.place(Work(0, 0, 0, 0, why="meta failed"), bound, 1.0) == {}
+    assert unsure is not None and unsure.fraction > 1 and unsure.faster_than_light is False
+    assert roofline.place(Work(0, 0, 0, 0, why="meta failed"), bound, 1.0) is None
 
 
 def test_the_work_is_counted_on_the_reference() -> None:
@@ -181,10 +183,11 @@ def test_a_timed_verdict_is_placed_and_one_faster_than_light_is_suspect() -> Non
     verdict = replace(timed)
     roofline.for_verdict(source, verdict)
     light = verdict.roofline
-    assert light["bound"] == "memory" and light["bandwidth_gbs"] == 40.0  # 2 MiB fits
-    assert light["fraction"] == pytest.approx(2 * MIB / 40e9 * 1e3 / 0.2, rel=1e-3)
-    assert light["machine"] == roofline.fingerprint() and not verdict.suspect
-    assert format_roofline(verdict) == f"{100 * light['fraction']:.0f} % memory"
+    assert isinstance(light, Placement)
+    assert light.bound == "memory" and light.bandwidth_gbs == 40.0  # 2 MiB fits
+    assert light.fraction == pytest.approx(2 * MIB / 40e9 * 1e3 / 0.2, rel=1e-3)
+    assert light.machine == roofline.fingerprint() and not verdict.suspect
+    assert format_roofline(verdict) == f"{100 * light.fraction:.0f} % memory"
     # 2 MiB in 0.2 ms is 10.5 GB/s: against 1 GB/s that is faster than light until the
     # real machine is measured (it streams more than 10.5 GB/s... or it does not)
     slow = {"1": [[size, 1.0] for size in roofline.CURVE_BYTES]}
@@ -195,17 +198,33 @@ def test_a_timed_verdict_is_placed_and_one_faster_than_light_is_suspect() -> Non
     assert measured is not None and measured.bandwidth["1"][0][1] > 1.0  # measured again
     assert measured.peak_gflops["1"] == 1e9  # the best of each number is kept
     bandwidth = measured.bandwidth_at(2 * MIB)
-    assert again.roofline["bandwidth_gbs"] == pytest.approx(bandwidth, rel=1e-3)
+    assert isinstance(again.roofline, Placement)
+    assert again.roofline.bandwidth_gbs == pytest.approx(bandwidth, rel=1e-3)
     achieved_slowest = 2 * MIB / (0.2e-3 * 0.5 / 0.45) / 1e9  # GB/s at the slow end
     beyond = achieved_slowest > 1.1 * bandwidth
-    assert again.suspect is beyond and again.roofline["faster_than_light"] is beyond
+    assert again.suspect is beyond and again.roofline.faster_than_light is beyond
 
 
 def test_an_untimed_verdict_gets_no_roofline() -> None:
     verdict = Verdict(compiled=True, correct=True)
     roofline.for_verdict("irrelevant", verdict)
-    assert verdict.roofline == {} and format_roofline(verdict) == "-"
-    assert Verdict.from_json({"compiled": True}).roofline == {}  # an older row
+    assert verdict.roofline is None and format_roofline(verdict) == "-"
+    assert verdict.to_json()["roofline"] == {}
+    assert Verdict.from_json({"compiled": True}).roofline is None  # an older row
+    assert Verdict.from_json({"compiled": True, "roofline": {}}).roofline is None
+
+
+def test_a_verdict_that_cannot_be_placed_says_why() -> None:
+    """A GPU verdict where the GPU's limits were never measured: unplaced, and why (on the
+    wire as `{"why": ...}`); nothing describes, tags or formats it."""
+    _kept(_limits())
+    verdict = Verdict(compiled=True, correct=True, runtime_ms=0.2, ref_runtime_ms=0.1)
+    verdict.device, verdict.interval = "cuda", Interval(0.5, 0.45, 0.55, 40)
+    roofline.for_verdict("irrelevant", verdict, work=Work(MIB, MIB, 0, 0))
+    assert verdict.roofline == Unplaced("the GPU's limits were not measured")
+    assert verdict.to_json()["roofline"] == {"why": "the GPU's limits were not measured"}
+    assert roofline.describe(verdict.roofline) == "" and roofline.tags(verdict.roofline) == []
+    assert format_roofline(verdict) == "-" and not verdict.suspect
 
 
 def test_a_torch_compile_that_fails_says_so_and_keeps_eager_s_number(
@@ -225,7 +244,8 @@ def test_a_torch_compile_that_fails_says_so_and_keeps_eager_s_number(
     verdict = evaluate(task, task.impl_source or "", device="cpu", limits=QUICK, baseline="compile")
     assert verdict.error is None, verdict.error
     assert verdict.correct and verdict.speedup and verdict.interval is not None
-    assert verdict.roofline["bytes"] == 2 * 256 * 1024 * 4 and "fraction" in verdict.roofline
+    assert isinstance(verdict.roofline, Placement)  # placed: it has a fraction
+    assert verdict.roofline.bytes == 2 * 256 * 1024 * 4
     assert children == [], "the judge counted the work: no child ran"
     assert roofline.kept_work(task.reference_source) is not None, "kept: the next judge skips it"
     error = verdict.compile_baseline.get("error", "")
@@ -244,9 +264,10 @@ def test_a_cached_verdict_is_placed_again_on_the_limits_kept_now() -> None:
     work = Work(inputs=16 * MIB, outputs=16 * MIB, parameters=0, flops=0)
     stored = Verdict(compiled=True, correct=True, runtime_ms=6.7108864, ref_runtime_ms=4.194304)
     stored.roofline = roofline.place(work, Bound(5.0, 100.0, "core"), 6.7108864, 4.194304)
-    assert stored.roofline["fraction"] == pytest.approx(1.0)
+    assert stored.roofline is not None and stored.roofline.fraction == pytest.approx(1.0)
     _kept(_limits())  # 10 GB/s at this footprint
     roofline.replace_on_kept(stored)
-    assert stored.roofline["fraction"] == pytest.approx(0.5)
-    assert stored.roofline["reference_fraction"] == pytest.approx(0.8)
-    assert stored.roofline["machine"] == roofline.fingerprint()
+    assert isinstance(stored.roofline, Placement)
+    assert stored.roofline.fraction == pytest.approx(0.5)
+    assert stored.roofline.reference_fraction == pytest.approx(0.8)
+    assert stored.roofline.machine == roofline.fingerprint()

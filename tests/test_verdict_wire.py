@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from htam_engine import events
+from htam_engine.decisions import GlobalDecision, LocalDecision
 from htam_engine.evaluate import protocol
 from htam_engine.evaluate.verdict import Check, Duel, ErrorKind, EvalError, Verdict
+from htam_engine.placement import Placement, Unplaced
 from htam_engine.stats import Interval
 from htam_engine.vocabulary import FAILED_STATUS, STATUS_TABLE, Status
 from htam_lsp import render, runs
@@ -53,7 +55,9 @@ FULL: dict[str, Any] = {
     "allow_torch": ["gemm"],
     "torch_ops": ["mm"],
     "scaled": {"factor": 0.1, "sizes": {"batch_size": [4096, 409]}},
-    "roofline": {"bound": "memory", "fraction": 0.61, "achieved_gbs": 12.1, "bytes": 33554432},
+    "roofline": Placement(
+        33554432, 0, "memory", "core", 19.8, 100.0, 1.6947, 12.1, 0.0, 0.61, 0.42, False, "abc"
+    ),
     "compile_baseline": {"speedup": 1.1, "low": 1.0, "high": 1.2, "compile_s": 31.5},
     "builds": {"candidate": "reused", "incumbent": "kept"},
 }
@@ -105,6 +109,43 @@ def test_a_verdict_an_older_version_stored_still_reads() -> None:
     assert verdict.interval is None and verdict.within_run_half_width is None
 
 
+# The roofline as every earlier version wrote it (`roofline.place`, then `for_verdict`'s
+# machine), key order included: read, then written back, the same bytes.
+OLD_ROOFLINES: list[dict[str, Any]] = [
+    {
+        "bytes": 33554432, "flops": 0, "bound": "memory", "where": "core",
+        "bandwidth_gbs": 19.812, "peak_gflops": 98.5, "roofline_ms": 1.6936528017,
+        "achieved_gbs": 12.084, "achieved_gflops": 0.0, "fraction": 0.6101,
+        "reference_fraction": 0.4212, "faster_than_light": False, "machine": "0123456789abcdef",
+    },
+    {
+        "bytes": 12582912, "flops": 2147483648, "bound": "compute", "where": "GPU",
+        "bandwidth_gbs": 3352.0, "peak_gflops": 51200.0, "roofline_ms": 0.0419,
+        "achieved_gbs": 150.5, "achieved_gflops": 25600.125, "fraction": 0.5,
+        "faster_than_light": True, "machine": "fedcba9876543210",
+    },
+    {"why": "the GPU's limits were not measured"},
+    {},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("old", OLD_ROOFLINES)
+def test_a_roofline_an_older_version_wrote_reads_and_writes_back_the_same(
+    old: dict[str, Any],
+) -> None:
+    row = json.dumps({"compiled": True, "correct": True, "roofline": old})
+    verdict = Verdict.from_json(json.loads(row))
+    placed = verdict.roofline
+    if "fraction" in old:
+        assert isinstance(placed, Placement) and placed.fraction == old["fraction"]
+    elif "why" in old:
+        assert placed == Unplaced(old["why"])
+    else:
+        assert placed is None
+    written = verdict.to_json()["roofline"]
+    assert json.dumps(written) == json.dumps(old)  # the same keys, values and order
+
+
 @pytest.mark.parametrize(
     "duel",
     [
@@ -116,8 +157,8 @@ def test_a_verdict_an_older_version_stored_still_reads() -> None:
 )
 def test_a_duel_round_trips_in_the_keys_of_versus_best(duel: Duel) -> None:
     data = _wire(duel.to_json())
-    timed = {"speedup", "low", "high", "confirmed", "duels"}
-    assert set(data) == (timed if duel.speedup is not None else {"error"})
+    timed = {"speedup", "low", "high", "confirmed", "duels", "against"}
+    assert set(data) == (timed if duel.speedup is not None else {"error", "against"})
     assert Duel.from_json(data) == duel
     assert Duel.from_json({}) is None
 
@@ -125,7 +166,8 @@ def test_a_duel_round_trips_in_the_keys_of_versus_best(duel: Duel) -> None:
 def _step(verdict: Verdict, duel: Duel | None) -> events.Step:
     return events.Step(
         3, "data_reuse", "smem_tiling", "why", "improved", 0.4, 1.46,
-        {"chosen": "data_reuse"}, {"local_id": "smem_tiling"}, verdict, "src",
+        GlobalDecision.from_json({"chosen": "data_reuse"}), LocalDecision("smem_tiling", ""),
+        verdict, "src",
         prompt_tokens=12, note="repaired", llm={"attempts": 1}, versus_best=duel,
     )  # fmt: skip
 

@@ -41,8 +41,8 @@ BUSY_TIMEOUT_S = 30.0
 
 
 IMPORTED = (
-    "database", "errors", "kernels", "machine", "paths", "procs", "report", "roofline",
-    "stats", "task", "triton_backend", "vocabulary",
+    "database", "errors", "formatting", "kernels", "machine", "paths", "placement", "procs",
+    "roofline", "stats", "task", "triton_backend", "vocabulary",
 )  # fmt: skip  # HTAM's modules that the evaluator imports (`evaluator_files`)
 
 

@@ -114,7 +114,7 @@ def _human(verdict: Verdict) -> str:
 
 def _speed(verdict: Verdict) -> str:
     """The speedup, with its interval, and the question it decided (`--decide`)."""
-    from htam_engine.report import format_bounded
+    from htam_engine.formatting import format_bounded
 
     interval = verdict.interval
     if interval is None:
@@ -128,16 +128,18 @@ def _speed(verdict: Verdict) -> str:
 
 def _notes(verdict: Verdict) -> str:
     """What the number was measured under: allowed library ops, a shrunk problem."""
-    from htam_engine.report import format_compile
+    from htam_engine.formatting import format_compile
+    from htam_engine.placement import Placement, Unplaced
     from htam_engine.roofline import describe
 
     notes = []
-    if light := describe(verdict.roofline):
-        reference = verdict.roofline.get("reference_fraction")
+    placed = verdict.roofline
+    if isinstance(placed, Placement):
+        reference = placed.reference_fraction
         pytorch = f"; PyTorch at {100 * reference:.0f} %" if reference is not None else ""
-        notes.append(f"roofline: {verdict.roofline['bound']}-bound, {light}{pytorch}")
-    elif why := verdict.roofline.get("why"):
-        notes.append(f"roofline: {why}")
+        notes.append(f"roofline: {placed.bound}-bound, {describe(placed)}{pytorch}")
+    elif isinstance(placed, Unplaced) and placed.why:
+        notes.append(f"roofline: {placed.why}")
     if verdict.compile_baseline:
         notes.append(f"vs torch.compile: {format_compile(verdict)}")
     if verdict.torch_ops:

@@ -4,7 +4,8 @@ The one place a verdict becomes JSON and JSON a verdict (`to_json`/`from_json` o
 type): the CLI's `--json` document, the verdict cache's rows, the event stream and the
 editor's stored history are all written and read here. `from_json` reads what older
 versions wrote too: a missing field takes its default, an unknown key is ignored.
-Dependency-free (the vocabulary and `stats` only): the language server imports it.
+Dependency-free (the vocabulary, `stats` and `placement` only): the language server
+imports it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import copy
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from htam_engine import placement
+from htam_engine.placement import Placement, Unplaced
 from htam_engine.stats import Interval
 from htam_engine.vocabulary import UNRUNNABLE, ErrorKind
 
@@ -146,8 +149,8 @@ class Verdict:
     scaled: dict[str, Any] = field(default_factory=dict)
     # Where a timed verdict sits against this machine's limits (`roofline.place`: bytes,
     # flops, achieved GB/s and GFLOP/s, the bound, the fraction of the roofline time);
-    # {} when untimed, {"why": ...} when it could not be placed.
-    roofline: dict[str, Any] = field(default_factory=dict)
+    # None when untimed, `Unplaced` (why) when it could not be placed.
+    roofline: Placement | Unplaced | None = None
     # `--baseline compile`: the candidate timed in pairs against the torch.compile'd
     # reference (`baseline.versus_compile`): speedup, bounds, the compiled reference's
     # time and compile seconds, or the error that left only eager's number.
@@ -186,6 +189,8 @@ class Verdict:
                 value = [check.to_json() for check in self.checks]
             elif f.name == "error":
                 value = self.error.to_json() if self.error is not None else None
+            elif f.name == "roofline":
+                value = placement.to_json(self.roofline)
             else:
                 value = copy.deepcopy(value)
             data[f.name] = value
@@ -197,6 +202,7 @@ class Verdict:
         values = {k: copy.deepcopy(v) for k, v in data.items() if k in names}
         values["checks"] = [Check.from_json(check) for check in data.get("checks") or []]
         values["error"] = EvalError.from_json(data["error"]) if data.get("error") else None
+        values["roofline"] = placement.from_json(data.get("roofline"))
         interval = data.get("interval") or {}
         values["interval"] = Interval.from_json(interval) if "estimate" in interval else None
         within = interval.get("within_run_half_width")
@@ -209,7 +215,8 @@ class Duel:
     """A candidate timed in pairs against the best so far (`Step.versus_best`): the
     speedup over it pooled over `duels` runs, with its 95 % bounds, and whether that
     confirmed the win; or, for a duel that gave no timing, the error kind that ended it
-    (None: correct, but untimed)."""
+    (None: correct, but untimed). `against` is the step that wrote the best it was timed
+    against (0: the start), as the loop knew it."""
 
     speedup: float | None = None
     low: float | None = None
@@ -217,10 +224,11 @@ class Duel:
     confirmed: bool = False
     duels: int = 1
     error: ErrorKind | None = None
+    against: int = 0
 
     @classmethod
-    def pooled(cls, interval: Interval, *, confirmed: bool, duels: int) -> Duel:
-        return cls(interval.estimate, interval.low, interval.high, confirmed, duels)
+    def pooled(cls, interval: Interval, *, confirmed: bool, duels: int, against: int = 0) -> Duel:
+        return cls(interval.estimate, interval.low, interval.high, confirmed, duels, None, against)
 
     @classmethod
     def failed(cls, kind: ErrorKind | None) -> Duel:
@@ -234,13 +242,17 @@ class Duel:
 
     def to_json(self) -> dict[str, Any]:
         if self.speedup is None:
-            return {"error": self.error.value if self.error is not None else ""}
+            return {
+                "error": self.error.value if self.error is not None else "",
+                "against": self.against,
+            }
         return {
             "speedup": self.speedup,
             "low": self.low,
             "high": self.high,
             "confirmed": self.confirmed,
             "duels": self.duels,
+            "against": self.against,
         }
 
     @classmethod
@@ -248,8 +260,10 @@ class Duel:
         """The duel, or None for a step that had none (`{}` on the wire)."""
         if not data:
             return None
+        against = int(data.get("against") or 0)  # absent in records of earlier versions
         if data.get("speedup") is None:
-            return cls(error=ErrorKind(data["error"]) if data.get("error") else None)
+            kind = ErrorKind(data["error"]) if data.get("error") else None
+            return cls(error=kind, against=against)
         low, high = data.get("low"), data.get("high")
         return cls(
             float(data["speedup"]),
@@ -257,4 +271,5 @@ class Duel:
             float(high) if high is not None else None,
             bool(data.get("confirmed", False)),
             int(data.get("duels", 1)),
+            against=against,
         )

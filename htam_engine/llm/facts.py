@@ -19,8 +19,8 @@ from typing import Any
 from htam_engine import machine, roofline
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.events import Step
-from htam_engine.report import format_speedup
-from htam_engine.vocabulary import TOLERANCES
+from htam_engine.formatting import format_speedup
+from htam_engine.vocabulary import TOLERANCES, Status
 
 # atol = rtol per dtype, as `evaluate.common.tolerance` (a test keeps the two equal).
 REFUSED = "not kept (not clearly faster than the best)"
@@ -255,7 +255,7 @@ def step_line(step: Step) -> str:
     """One step in the feedback vocabulary, with why it failed or was refused."""
     head = f"step {step.step} {step.global_id}/{step.local_id}: {step.status}"
     verdict = step.verdict
-    if step.status == "no_code":
+    if step.status == Status.NO_CODE:
         return f"{head}: {step.note or 'no code'}"
     if not verdict.correct:
         why = failure_note(verdict)
@@ -266,7 +266,7 @@ def step_line(step: Step) -> str:
         bounds = f", 95 % {duel.low:.2f}-{duel.high:.2f}" if duel.bounds else ""
         kept = "kept as the new best" if duel.confirmed else REFUSED
         parts.append(f"{duel.speedup:.2f}x over the best in pairs{bounds}: {kept}")
-    elif step.status == "improved":
+    elif step.status == Status.IMPROVED:
         parts.append("kept as the new best")
     else:
         parts.append("not kept (not faster than the best)")
