@@ -14,10 +14,11 @@ KernelBench problems (started from a capable model's recorded translation,
 
 `--before` names another checkout (e.g. main): its engine makes the prompts in a child
 process (`--collect`), judged here with this checkout's declarations, next to this
-checkout's own. The loop's real pieces make the prompts (`Optimizer._applicability`,
-`Episode.decide` with the LLM selector, `Optimizer._implement`); no kernel is compiled
-or timed: every step is answered "correct, 1.5x over the start, refused against the best
-(1.05x, 95 % 0.96-1.21)", and the answerer picks the first valid id.
+checkout's own (a checkout whose `Optimizer` has the same public seams: `plan`,
+`implement`, `learn`). The loop's real pieces make the prompts (`Optimizer.plan` with the
+LLM selector, `Optimizer.implement`); no kernel is compiled or timed: every step is
+answered "correct, 1.5x over the start, refused against the best (1.05x, 95 %
+0.96-1.21)", and the answerer picks the first valid id.
 """
 
 from __future__ import annotations
@@ -79,21 +80,11 @@ def _frontier_start(cassette: Path, folder: Path) -> Path | None:
 
 
 def _translation_prompt(path: Path) -> str:
-    from htam_engine.llm import translation_prompt
-    from htam_engine.loop import LoopConfig, Optimizer
-    from htam_engine.memory import MemoryStore
+    from htam_engine import implement
     from htam_engine.task import load_task
 
     task = load_task(path)
-    optimizer = Optimizer(
-        task, "", provider=None, store=MemoryStore(), config=LoopConfig(steps=STEPS)
-    )
-    facts = getattr(optimizer, "_facts", None)
-    system, prompt = (
-        translation_prompt(task.reference_source, "cpu", facts())
-        if facts
-        else translation_prompt(task.reference_source, "cpu")
-    )
+    system, prompt = implement.first_version_prompt(task, implement.facts(task, None, None, 0))
     return f"{system}\n{prompt}"
 
 
@@ -139,30 +130,24 @@ def _run_task(path: Path) -> dict[str, Any]:
     from htam_engine import loop
     from htam_engine.events import Step
     from htam_engine.memory import MemoryStore
+    from htam_engine.referee import Version
     from htam_engine.task import load_task
     from htam_engine.vocabulary import Status
 
     task = load_task(path)
     provider, captured = _answerer()
-    store = MemoryStore()
-    optimizer = loop.Optimizer(task, task.impl_source or "", provider=provider, store=store,
-                               config=loop.LoopConfig(steps=STEPS))  # fmt: skip
+    source, config = task.impl_source or "", loop.LoopConfig(steps=STEPS)
+    optimizer = loop.Optimizer(task, source, provider=provider, store=MemoryStore(),
+                               config=config)  # fmt: skip
     start, verdict, duel = _verdicts()
-    optimizer.result.start_verdict = start
-    optimizer.result.start_ref_speedup = optimizer.result.best_ref_speedup = start.speedup
+    optimizer.begin(Version(source, 0, start))
     choices, generations = [], []
     for number in range(1, STEPS + 1):
-        graph = store.graph(task.backend)
-        current = optimizer.result.best_source
-        applicable = optimizer._applicability(graph, current)
-        usable = loop._restrict_to_applicable(graph, applicable)
-        if not usable.globals:
-            break
-        state = optimizer._state(current)
         seen = len(provider.prompts)
-        decision = optimizer.episode.decide(
-            usable, state, optimizer.rng, optimizer.local_selector, applicable
-        )
+        plan = optimizer.plan(number)
+        if plan is None:
+            break
+        decision = plan.decision
         prompt = next((p for purpose, p in provider.prompts[seen:] if purpose == "local"), "")
         ids = re.search(r"^Valid ids: (.*)$", prompt, re.M)
         offered = [i.strip() for i in ids.group(1).split(",")] if ids else []
@@ -170,36 +155,19 @@ def _run_task(path: Path) -> dict[str, Any]:
                         "offered": offered, "prompt": prompt})  # fmt: skip
         if decision.local_id == "stop":
             break
-        node = graph.locals[decision.local_id]
-        if not node.mechanical:
+        if not plan.node.mechanical:
             seen = len(provider.prompts)
             try:
-                optimizer._implement(number, node, current, decision.global_id, node.id)
+                optimizer.implement(number, plan)
             except captured:
                 generations.append(provider.prompts[seen][1])
-        optimizer.tried.add((node.id, current))
-        outcome = optimizer.episode.finish(decision, Status.NOT_IMPROVED, speedup=1.05,
-                                           runtime_ms=2.0, compiled=True)  # fmt: skip
-        store.apply_outcome(outcome)
-        optimizer.result.steps.append(
-            Step(
-                number,
-                decision.global_id,
-                node.id,
-                "bench",
-                Status.NOT_IMPROVED,
-                0.0,
-                1.5,
-                verdict=verdict,
-                versus_best=duel,
-            )  # fmt: skip
-        )
-    return {"family": optimizer.episode.family, "start": current_source(optimizer, task),
+        optimizer.runnable.tried.add((decision.local_id, plan.current.source))
+        optimizer.learn(decision, Status.NOT_IMPROVED, verdict, 1.05, None)
+        optimizer.steps.append(Step(number, decision.global_id, decision.local_id, "bench",
+                                    Status.NOT_IMPROVED, 0.0, 1.5, verdict=verdict,
+                                    versus_best=duel))  # fmt: skip
+    return {"family": optimizer.episode.family, "start": optimizer.referee.best.source,
             "choices": choices, "generations": generations}  # fmt: skip
-
-
-def current_source(optimizer: Any, task: Any) -> str:
-    return str(optimizer.result.best_source or task.impl_source or "")
 
 
 # --- the parent: judge with this checkout's declarations -------------------------------

@@ -3,8 +3,8 @@ line, and what the language server reads back.
 
 Dependency-free (the server imports it without the engine's heavy modules: the verdict's
 types are light). On the wire each event is its fields plus `"event": <kind>`, with
-`global`/`local` for the ids; a step's verdict and duel are written and read by their
-own `to_json`/`from_json`.
+`global`/`local` for the ids; a step's decisions, verdict and duel are written and read
+by their own `to_json`/`from_json`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from htam_engine.decisions import GlobalDecision, LocalDecision
 from htam_engine.evaluate.verdict import Duel, EvalError, Verdict
+from htam_engine.vocabulary import Status
 
 _WIRE = {"global_id": "global", "local_id": "local"}
 _FROM_WIRE = {wire: name for name, wire in _WIRE.items()}
@@ -62,11 +64,11 @@ class Step:
     global_id: str
     local_id: str
     reason: str
-    status: str
+    status: Status
     reward: float
     speedup: float | None
-    decision: dict[str, Any] = field(default_factory=dict)
-    local_decision: dict[str, Any] = field(default_factory=dict)
+    decision: GlobalDecision | None = None  # None (`{}` on the wire): no choice (step 0)
+    local_decision: LocalDecision | None = None
     verdict: Verdict = field(default_factory=Verdict)
     source: str = ""
     prompt_tokens: int = 0
@@ -170,6 +172,8 @@ class PhaseClock:
 def to_json(event: Event) -> dict[str, Any]:
     data = {f.name: copy.deepcopy(getattr(event, f.name)) for f in fields(event)}
     if isinstance(event, Step):
+        data["decision"] = event.decision.to_json() if event.decision else {}
+        data["local_decision"] = event.local_decision.to_json() if event.local_decision else {}
         data["verdict"] = event.verdict.to_json()
         data["versus_best"] = event.versus_best.to_json() if event.versus_best else {}
     return {"event": event.kind, **{_WIRE.get(k, k): v for k, v in data.items()}}
@@ -189,6 +193,10 @@ def from_json(data: Any) -> Event:
     values: dict[str, Any] = {k: v for k, v in wire.items() if k in names}
     try:
         if cls is Step:
+            values["status"] = Status(values["status"])
+            chosen, local = values.get("decision"), values.get("local_decision")
+            values["decision"] = GlobalDecision.from_json(chosen) if chosen else None
+            values["local_decision"] = LocalDecision.from_json(local) if local else None
             values["verdict"] = Verdict.from_json(values.get("verdict") or {})
             values["versus_best"] = Duel.from_json(values.get("versus_best"))
         return cls(**values)

@@ -1,5 +1,6 @@
 """How a step gets its candidate (design step 5): a mechanical rewrite, or LLM answers
 (best-of-k) that each get one repair turn; the caller's `measure` evaluates every version.
+The prompts those answers are asked with are built here too.
 """
 
 from __future__ import annotations
@@ -9,7 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from htam_engine.evaluate import Verdict
+from htam_engine.evaluate.runner import timing_threads
+from htam_engine.events import Step
 from htam_engine.llm import Provider, attempt, best_of, generate_candidates
+from htam_engine.llm import facts as llm_facts
+from htam_engine.llm.prompts import generation_prompt, translation_prompt
+from htam_engine.memory import LocalNode
 from htam_engine.strategies import REGISTRY
 from htam_engine.task import Task
 
@@ -75,3 +81,59 @@ def with_llm(
     if best is None:
         return Implemented(None, None, attempts[0].reason, info)
     return Implemented(best.code, best.verdict, best.repair_note, info)
+
+
+def facts(task: Task, start: Verdict | None, best: Verdict | None, best_step: int) -> str:
+    """The facts every prompt of `task` carries: machine, checks, shapes and times."""
+    return llm_facts.facts_block(
+        backend=task.backend,
+        threads=timing_threads(),
+        reference=task.reference_source,
+        allowed=task.allow_torch,
+        start=start,
+        best=best,
+        best_step=best_step,
+    )
+
+
+def first_version_prompt(task: Task, facts_text: str) -> tuple[str, str]:
+    """(system, prompt) for the first version of a task without one (step 0)."""
+    return translation_prompt(task.reference_source, task.backend, facts_text)
+
+
+def first_version(provider: Provider, task: Task, facts_text: str, measure: Measure) -> Implemented:
+    """The LLM's first version of a task without one (step 0), measured."""
+    prompt = first_version_prompt(task, facts_text)
+    local_text = "a first, correct custom-kernel version of the reference"
+    return with_llm(provider, prompt, measure, task=task, local_text=local_text,
+                    purpose="translate")  # fmt: skip
+
+
+def next_version_prompt(
+    task: Task,
+    node: LocalNode,
+    *,
+    family: str,
+    signature: str,
+    current: str,
+    steps: list[Step],
+    facts_text: str,
+) -> tuple[str, str]:
+    """(system, prompt) for the next version of `current` by `node`'s strategy: the run's
+    attempts so far, the strategy's example and the warnings of its failures elsewhere
+    (this task's own failures are among the attempts)."""
+    example = node.example(family)
+    return generation_prompt(
+        task_source=task.reference_source,
+        current_code=current,
+        feedback=llm_facts.attempts_text(steps),
+        local_text=node.prompt_text(family),
+        positive_example=example.code_excerpt if example else None,
+        negative_warnings=[
+            f"{e.status} on {e.task_signature}: {e.note}"
+            for e in node.evidence_negative
+            if e.note and e.task_signature != signature
+        ],
+        language=language_of(task)[0],
+        facts=facts_text,
+    )

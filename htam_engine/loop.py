@@ -3,10 +3,9 @@
 state s_t -> global direction g_t (transition-aware) -> local strategy l_t -> candidate
 c_{t+1} (mechanical rewrite or LLM) -> verdict (isolated worker) -> memory update.
 
-Speedups are normalised by the PyTorch reference timed in pairs with the candidate.
-Ratios to the reference from two different moments still drift on a busy machine, so
-a win they suggest is settled by timing the candidate in pairs against the best so far
-(`evaluate.compare`), and the run's final best against its start the same way.
+`Optimizer` is the shell: `plan` makes a step's state and choice (`Episode`), the
+implementation comes from `implement`, the `Referee` measures it and settles wins against
+the run's incumbents, and the memory learns the outcome before the next step.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from htam_engine import events, implement, parsing, roofline, stats
+from htam_engine import events, implement, parsing, roofline
 from htam_engine.episode import (
     IMPROVE_MARGIN,
     Decision,
@@ -27,12 +26,11 @@ from htam_engine.episode import (
     recorded_step_seconds,
     task_signature,
 )
-from htam_engine.evaluate import Duel, ErrorKind, Verdict, evaluate, standby
-from htam_engine.evaluate.cache import usable_as_baseline
-from htam_engine.evaluate.runner import compare, pooled_interval, timing_threads
+from htam_engine.evaluate import Duel, ErrorKind, Verdict, standby
+from htam_engine.evaluate.runner import timing_threads
 from htam_engine.events import Phase, PhaseClock, Step
-from htam_engine.implement import Implemented
-from htam_engine.llm import LLMError, Provider, generation_prompt, translation_prompt
+from htam_engine.implement import Implemented, Measure
+from htam_engine.llm import LLMError, Provider
 from htam_engine.llm import facts as llm_facts
 from htam_engine.llm.limits import BudgetExhausted
 from htam_engine.memory import START, Graph, LocalNode, MemoryStore
@@ -42,22 +40,19 @@ from htam_engine.policy import (
     LocalSelector,
     PolicyConfig,
     predicts_no_gain,
-    unfit,
 )
 from htam_engine.policy.llm_chooser import LLMLocalSelector
+from htam_engine.referee import Referee, Version
+from htam_engine.runnable import LLM_FAILURES, Runnable, restrict
 from htam_engine.state import State
-from htam_engine.strategies import REGISTRY
 from htam_engine.strategies.plateau import plateau_base
 from htam_engine.task import Task
 from htam_engine.triton_backend import CORRECTNESS_ONLY
-from htam_engine.vocabulary import FAILED_STATUS, Status
+from htam_engine.vocabulary import Status
 
 Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
-MAX_DUELS = 3  # runs of one ambiguous duel, pooled, before a win is given up
 TRANSLATE = "translate"  # the local id of step 0 when the LLM writes the first version
-EXCLUDED = "excluded: it failed on this task in an earlier run"
-LLM_FAILURES = 2  # consecutive failed LLM generations before the run goes mechanical
 LLM_FAILED = "LLM failed: "  # how a step's note starts when the LLM gave no answer
 
 
@@ -161,6 +156,22 @@ def _step_json(step: Step) -> dict[str, Any]:
     return data
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A step before its implementation: the code it starts from, the graph it chose in
+    (all strategies) with each one's reason not to run, the state and the choice."""
+
+    current: Version
+    graph: Graph
+    applicable: dict[str, str | None]
+    state: State
+    decision: Decision
+
+    @property
+    def node(self) -> LocalNode:
+        return self.graph.locals[self.decision.local_id]
+
+
 class Optimizer:
     """Runs the loop for one task; every step's outcome is learned before the next."""
 
@@ -175,10 +186,7 @@ class Optimizer:
         emit: Emit = lambda event: None,
         cancel: threading.Event | None = None,
     ) -> None:
-        self.task = task
-        self.provider = provider
-        self.store = store
-        self.config = config
+        self.task, self.provider, self.store, self.config = task, provider, store, config
         self.emit = emit
         self.cancel = cancel or threading.Event()
         self.rng = random.Random(config.seed)
@@ -186,28 +194,21 @@ class Optimizer:
             LLMLocalSelector(provider) if provider else EvidenceLocalSelector()
         )
         family = parsing.family(task.reference_source)
-        self.episode = Episode(
-            task.backend,
-            family,
-            task_signature(task.backend, family, task.name),
-            config.policy,
-            config.improve_margin,
-        )
-        self.result = RunResult(
-            run_id=uuid.uuid4().hex[:12],
-            task=task.name,
-            backend=task.backend,
-            provider=provider.name if provider else "offline",
-            start_verdict=None,
-            best_source=start_source,
-        )
-        self.tried: set[tuple[str, str]] = set()  # (strategy, code) pairs already evaluated
-        # strategies that failed in this run (or, excluded, in earlier ones): not again
-        self.start_source = start_source  # what the steps start from (the translation's)
-        self.failed: dict[str, Status | str] = dict.fromkeys(config.exclude, EXCLUDED)
-        self.base: str | None = None  # a plateau candidate the next step starts from
-        self.llm_failures = 0  # consecutive generations the LLM did not answer
-        self.best_verdict: Verdict | None = None  # the best's own timing, once usable
+        signature = task_signature(task.backend, family, task.name)
+        self.episode = Episode(task.backend, family, signature, config.policy,
+                               config.improve_margin)  # fmt: skip
+        self.referee = Referee(task, device=config.device, use_cache=config.use_cache,
+                               margin=config.improve_margin, judge=self.episode.judge,
+                               cancel=self.cancel, on_phase=self._phase)  # fmt: skip
+        self.referee.start = self.referee.best = Version(start_source)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.steps: list[Step] = []
+        self.translation: Step | None = None  # step 0 when the LLM wrote the start
+        self.stopped, self.note, self.output_dir = "completed", "", ""
+        self.start_phases: dict[str, float] = {}
+        self.closing_phases: dict[str, float] = {}
+        self.runnable = Runnable.excluding(provider is not None, config.exclude)
+        self.base: Version | None = None  # a plateau candidate the next step starts from
         self.clock = PhaseClock(recorded_step_seconds(store.items(TRAJECTORIES), task.name))
 
     # -- the loop -------------------------------------------------------------------
@@ -215,111 +216,126 @@ class Optimizer:
     def run(self) -> RunResult:
         standby.keep_warm(True)  # one candidate after another: each judge starts ahead
         try:
-            return self._run()
+            self._run()
+        except RunStopped as stop:  # the translation's verdict said nothing about it
+            self.stopped = str(stop)
         finally:
             standby.keep_warm(False)
+        return self.result()
 
-    def _run(self) -> RunResult:
+    def _run(self) -> None:
         try:
-            start = self._translate() if not self.result.best_source else self._start()
-        except RunStopped as stop:  # the translation's verdict said nothing about it
-            self.result.stopped = str(stop)
-            return self.result
+            started = self._start() if self.referee.start.source else self._translate()
         finally:
-            self.result.start_phases = self.clock.lap()
-        if start is None:
-            return self.result
-        self.result.start_verdict = start
-        self.start_source = self.result.best_source
-        self.result.best_correct = start.correct
-        if start.note:
-            self.result.note = CORRECTNESS_ONLY
-        if usable_as_baseline(start):
-            self.result.start_ref_speedup = self.result.best_ref_speedup = start.speedup
-            self.best_verdict = start
-        for step in range(1, self.config.steps + 1):
+            self.start_phases = self.clock.lap()
+        if not started:
+            return
+        for number in range(1, self.config.steps + 1):
             if self.cancel.is_set():
-                self.result.stopped = "cancelled"
+                self.stopped = "cancelled"
                 break
             try:
-                record = self._step(step)
+                record = self._step(number)
             except BudgetExhausted as error:  # the user's limit: stop
-                self.result.stopped = f"LLM failed: {error}"
+                self.stopped = f"{LLM_FAILED}{error}"
                 break
             except RunStopped as stop:
-                self.result.stopped = str(stop)
+                self.stopped = str(stop)
                 break
             if record is None:
-                self.result.stopped = "no applicable strategy"
+                self.stopped = "no applicable strategy"
                 break
-            self.result.steps.append(record)
+            self.steps.append(record)
             self.persist()
-        self._duel_start()
+        if self.referee.close(self.config.steps):
+            self.closing_phases = self.clock.lap(step=False)
         self.persist()
-        return self.result
 
-    def _step(self, step: int) -> Step | None:
+    def result(self) -> RunResult:
+        """The run so far, as `--json`, the report and the trajectory store keep it."""
+        start, best, claim = self.referee.start, self.referee.best, self.referee.over_start
+        return RunResult(
+            run_id=self.run_id,
+            task=self.task.name,
+            backend=self.task.backend,
+            provider=self.provider.name if self.provider else "offline",
+            start_verdict=start.verdict,
+            steps=list(self.steps),
+            best_source=best.source,
+            best_step=best.step,
+            translation=self.translation,
+            best_correct=best.correct,
+            note=self.note,
+            best_ref_speedup=best.ref_speedup,
+            start_ref_speedup=start.ref_speedup,
+            best_over_start=claim.speedup if claim else None,
+            best_interval=claim.bounds if claim else None,
+            stopped=self.stopped,
+            output_dir=self.output_dir,
+            start_phases=self.start_phases,
+            closing_phases=self.closing_phases,
+        )
+
+    def persist(self) -> None:
+        self.store.put(TRAJECTORIES, self.run_id, self.result().to_json())
+
+    def begin(self, start: Version) -> None:
+        """The run stands on `start` (measured): its best until a step beats it."""
+        self.referee.begin(start)
+        if start.verdict is not None and start.verdict.note:
+            self.note = CORRECTNESS_ONLY
+
+    # -- one step -------------------------------------------------------------------
+
+    def plan(self, number: int) -> Plan | None:
+        """Step `number`'s state and choice, from the best so far (or a plateau base);
+        None when no strategy can run."""
+        current, self.base = self.base or self.referee.best, None
         graph = self.store.graph(self.task.backend)
-        current, self.base = self.base or self.result.best_source, None
-        applicable = self._applicability(graph, current)
-        usable = _restrict_to_applicable(graph, applicable)
+        applicable = self.applicability(graph, current)
+        usable = restrict(graph, applicable)
         if not usable.globals:
             return None
         state = self._state(current)
         if "near_limit" in state.features:  # at 90 % or more of the machine's limit
-            raise RunStopped(
-                f"at the limit: {roofline.describe(self._verdict_of(current).roofline)}"
-            )
-        self._phase(step, "select")
+            placed = (current.verdict or Verdict()).roofline
+            raise RunStopped(f"at the limit: {roofline.describe(placed)}")
+        self._phase(number, "select")
         decision = self.episode.decide(usable, state, self.rng, self.local_selector, applicable)
-        g, local_id = decision.global_id, decision.local_id
+        return Plan(current, graph, applicable, state, decision)
+
+    def _step(self, number: int) -> Step | None:
+        plan = self.plan(number)
+        if plan is None:
+            return None
+        decision, g, local_id = plan.decision, plan.decision.global_id, plan.decision.local_id
         if local_id == STOP:
             raise RunStopped(f"stop: {decision.local.reason}")
-        if predicts_no_gain(decision.global_decision, state):
+        if predicts_no_gain(decision.global_decision, plan.state):
             raise RunStopped("converged")
-        self.tried.add((local_id, current))
-        self._phase(step, "generate", g, local_id)
-        made = self._implement_or_fail(step, graph.locals[local_id], current, g, local_id)
-        candidate, verdict = made.code, made.verdict
-        versus_best: Duel | None = None
-        if candidate is None or verdict is None:
-            verdict = Verdict()  # no code: nothing was evaluated
-            status, speedup_vs_best = Status.NO_CODE, None
-        else:
-            status, speedup_vs_best = self._status(verdict)
-            if status == Status.IMPROVED and self.result.best_ref_speedup is not None:
-                status, speedup_vs_best, versus_best = self._settle(
-                    step, candidate, g, local_id, verdict
-                )
-                if status == Status.NOT_IMPROVED and plateau_base(graph, g, versus_best):
-                    self.base = candidate  # the best stays; the next step starts here
-            if status == Status.IMPROVED:
-                self.result.best_ref_speedup, self.best_verdict = verdict.speedup, verdict
-                self.result.best_over_start = self.result.best_interval = None
-                if versus_best and self.result.best_source == self.start_source:
-                    self.result.best_over_start = versus_best.speedup
-                    self.result.best_interval = versus_best.bounds
-            if status == Status.IMPROVED or (verdict.correct and verdict.note):
-                # an untimed run (Triton under its interpreter) goes on from correct code
-                self.result.best_source, self.result.best_step = candidate, step
-                self.result.best_correct = True
-        self._phase(step, "update", g, local_id)
+        self.runnable.tried.add((local_id, plan.current.source))
+        self._phase(number, "generate", g, local_id)
+        made = self._implement_or_fail(number, plan)
+        candidate = Version(made.code or "", number, made.verdict)
+        status, speedup, versus_best = self._conclude(plan, candidate)
+        self._phase(number, "update", g, local_id)
         # an LLM that did not answer says nothing about the strategy: nothing is learned
         llm_down = made.note.startswith(LLM_FAILED)
-        r = 0.0 if llm_down else self._learn(decision, status, verdict, speedup_vs_best,
-                                             candidate, made.note)  # fmt: skip
+        verdict = made.verdict if made.code is not None and made.verdict else Verdict()
+        reward = 0.0 if llm_down else self.learn(decision, status, verdict, speedup,
+                                                 made.code, made.note)  # fmt: skip
         record = Step(
-            step=step,
+            step=number,
             global_id=g,
             local_id=local_id,
             reason=decision.local.reason,
             status=status,
-            reward=r,
-            speedup=self._over_start(verdict),
-            decision=decision.global_decision.to_json(),
-            local_decision=decision.local.to_json(),
+            reward=reward,
+            speedup=self.referee.estimate_over_start(verdict),
+            decision=decision.global_decision,
+            local_decision=decision.local,
             verdict=verdict,
-            source=candidate or "",
+            source=made.code or "",
             prompt_tokens=_input_tokens(made),
             note=made.note,
             llm=made.llm,
@@ -329,282 +345,127 @@ class Optimizer:
         self.emit(record)
         return record
 
-    def _start(self) -> Verdict | None:
-        """The starting implementation's verdict; None when it cannot run at all."""
-        start = self._measure(0, self.result.best_source)
-        if start.error and start.unrunnable:
-            self.result.start_verdict = start
-            self.result.stopped = f"cannot run the starting implementation: {start.error.message}"
-            if start.error.kind == ErrorKind.REFERENCE_ERROR:
-                self.result.stopped = _stopped_by(start)
-            return None
-        return start
+    def _conclude(self, plan: Plan, candidate: Version) -> tuple[Status, float | None, Duel | None]:
+        """The candidate's status, speedup over the best and duel; a win becomes the best,
+        a tie an edge predicts a follow-up gain from becomes the next step's base."""
+        if not candidate.source or candidate.verdict is None:
+            return Status.NO_CODE, None, None  # no code: nothing was evaluated
+        g, local_id = plan.decision.global_id, plan.decision.local_id
+        status, speedup, duel = self.referee.decide(candidate, g, local_id)
+        if status == Status.NOT_IMPROVED and plateau_base(plan.graph, g, duel):
+            self.base = candidate  # the best stays; the next step starts here
+        # an untimed run (Triton under its interpreter) goes on from correct code
+        if status == Status.IMPROVED or (candidate.correct and candidate.verdict.note):
+            self.referee.promote(candidate, duel)
+        return status, speedup, duel
 
-    def _translate(self) -> Verdict | None:
+    def _start(self) -> bool:
+        """Measure the starting implementation; False when it cannot run at all."""
+        source = self.referee.start.source
+        start = self.referee.measure(0, source)
+        self.begin(Version(source, 0, start))
+        if start.error and start.unrunnable:
+            self.stopped = f"cannot run the starting implementation: {start.error.message}"
+            if start.error.kind == ErrorKind.REFERENCE_ERROR:
+                self.stopped = _stopped_by(start)
+            return False
+        return True
+
+    def _translate(self) -> bool:
         """Step 0 of a task without an implementation (a KernelBench problem): the LLM
-        writes a first ModelNew, measured like any candidate; None when it is not correct."""
+        writes a first ModelNew, measured like any candidate; False when it is not correct."""
         if self.provider is None:
-            self.result.stopped = "nothing to start from and no LLM to write a first version"
-            return None
+            self.stopped = "nothing to start from and no LLM to write a first version"
+            return False
         self._phase(0, "generate", START, TRANSLATE)
-        prompt = translation_prompt(self.task.reference_source, self.task.backend, self._facts())
-        made = implement.with_llm(
-            self.provider,
-            prompt,
-            self._measurer(0, START, TRANSLATE),
-            task=self.task,
-            local_text="a first, correct custom-kernel version of the reference",
-            purpose="translate",
-        )
+        measure = self._measurer(0, START, TRANSLATE)
+        made = implement.first_version(self.provider, self.task, self._facts(), measure)
         verdict = made.verdict
-        status = self._status(verdict)[0] if verdict else Status.NO_CODE
-        self.result.translation = Step(
+        status = self.referee.status(verdict)[0] if verdict else Status.NO_CODE
+        self.translation = Step(
             0, START, TRANSLATE, "no implementation to start from", status, 0.0, None,
             verdict=verdict or Verdict(), source=made.code or "",
             prompt_tokens=_input_tokens(made), note=made.note, llm=made.llm,
         )  # fmt: skip
-        self.emit(self.result.translation)
+        self.emit(self.translation)
         if made.code is None or verdict is None or not verdict.correct:
             why = made.note or (verdict.error.message if verdict and verdict.error else "")
-            self.result.stopped = f"the translated first version is not correct: {status} {why}"
-            return None
-        self.result.best_source = made.code
-        return verdict
+            self.stopped = f"the translated first version is not correct: {status} {why}"
+            return False
+        self.begin(Version(made.code, 0, verdict))
+        return True
 
     # -- pieces of a step -----------------------------------------------------------
 
-    def _applicability(self, graph: Graph, source: str) -> dict[str, str | None]:
-        """None for a runnable strategy, else the reason it cannot run now."""
-        result: dict[str, str | None] = {}
-        state = self._state(source)
-        for local_id, node in graph.locals.items():
-            if why_not := unfit(node, state):
-                result[local_id] = f"does not fit: {why_not}"
-            elif local_id in self.failed:
-                why = self.failed[local_id]
-                result[local_id] = why if why == EXCLUDED else f"failed earlier in this run ({why})"
-            elif (local_id, source) in self.tried:
-                result[local_id] = "already tried on the current code"
-            elif node.mechanical:
-                rewrite = REGISTRY.get(node.mechanical)
-                result[local_id] = (
-                    rewrite.check(source) if rewrite else f"unknown rewrite {node.mechanical}"
-                )
-            elif self.provider is None:
-                result[local_id] = "needs an LLM (offline provider: mechanical strategies only)"
-            elif self.llm_failures >= LLM_FAILURES:
-                result[local_id] = f"needs an LLM (it failed {LLM_FAILURES} times in a row)"
-            else:
-                result[local_id] = None
-        return result
+    def applicability(self, graph: Graph, current: Version) -> dict[str, str | None]:
+        """None for a strategy that can run on `current` now, else the reason it cannot."""
+        return self.runnable.of(graph, self._state(current), current.source)
 
-    def _verdict_of(self, source: str) -> Verdict:
-        """The timing of `source` when it is the best or the start ({} roofline otherwise)."""
-        if source == self.result.best_source and self.best_verdict is not None:
-            return self.best_verdict
-        if source == self.start_source and self.result.start_verdict is not None:
-            return self.result.start_verdict
-        return Verdict()
-
-    def _state(self, source: str) -> State:
-        light = roofline.tags(self._verdict_of(source).roofline)  # memory_bound, near_limit
+    def _state(self, current: Version) -> State:
+        light = roofline.tags((current.verdict or Verdict()).roofline)  # memory_bound, near_limit
         state = self.episode.state(
-            parsing.features(source, self.task.backend) | set(light),
-            last_speedup=self.result.steps[-1].speedup if self.result.steps else None,
-            best_speedup=self.result.best_speedup,
+            parsing.features(current.source, self.task.backend) | set(light),
+            last_speedup=self.steps[-1].speedup if self.steps else None,
+            best_speedup=self.result().best_speedup,
         )
         state.threads = timing_threads()
-        state.report = llm_facts.attempts_text(self.result.steps[-3:])
+        state.report = llm_facts.attempts_text(self.steps[-3:])
         return state
 
-    def _implement_or_fail(
-        self, step: int, node: LocalNode, current: str, g: str, local_id: str
-    ) -> Implemented:
-        """`_implement`; an LLM that fails (a deadline, a refusal) fails this step only
+    def _implement_or_fail(self, number: int, plan: Plan) -> Implemented:
+        """`implement`; an LLM that fails (a deadline, a refusal) fails this step only
         (`no_code` with the reason); after `LLM_FAILURES` in a row the run goes on with
         mechanical strategies and says so."""
         try:
-            made = self._implement(step, node, current, g, local_id)
+            made = self.implement(number, plan)
         except BudgetExhausted:
             raise
         except LLMError as error:
-            self.llm_failures += 1
+            self.runnable.llm_failures += 1
             note = f"{LLM_FAILED}{error}"
-            if self.llm_failures >= LLM_FAILURES:
+            if self.runnable.llm_given_up:
                 note += f"; {LLM_FAILURES} failures in a row: mechanical strategies from now on"
                 self.local_selector = EvidenceLocalSelector()
-                self.result.note = self.result.note or note
+                self.note = self.note or note
             return Implemented(None, None, note)
-        if not node.mechanical:
-            self.llm_failures = 0
+        if not plan.node.mechanical:
+            self.runnable.llm_failures = 0
         return made
 
-    def _implement(
-        self, step: int, node: LocalNode, current: str, g: str, local_id: str
-    ) -> Implemented:
-        measure = self._measurer(step, g, local_id)
+    def implement(self, number: int, plan: Plan) -> Implemented:
+        """Step `number`'s candidate by the planned strategy, measured."""
+        node, current = plan.node, plan.current.source
+        measure = self._measurer(number, plan.decision.global_id, node.id)
         if node.mechanical:
             return implement.mechanical(node.mechanical, current, measure)
         assert self.provider is not None  # non-mechanical nodes are inapplicable offline
         family = self.episode.family
-        example = node.example(family)
-        prompt = generation_prompt(
-            task_source=self.task.reference_source,
-            current_code=current,
-            feedback=llm_facts.attempts_text(self.result.steps),
-            local_text=node.prompt_text(family),
-            positive_example=example.code_excerpt if example else None,
-            negative_warnings=[
-                f"{e.status} on {e.task_signature}: {e.note}"
-                for e in node.evidence_negative
-                if e.note and e.task_signature != self.episode.signature  # this run's: above
-            ],
-            language=implement.language_of(self.task)[0],
-            facts=self._facts(),
-        )
-        return implement.with_llm(
-            self.provider,
-            prompt,
-            measure,
-            task=self.task,
-            local_text=node.prompt_text(family),
-            candidates=self.config.candidates,
-        )
+        prompt = implement.next_version_prompt(self.task, node, family=family,
+                                               signature=self.episode.signature,
+                                               current=current, steps=self.steps,
+                                               facts_text=self._facts())  # fmt: skip
+        return implement.with_llm(self.provider, prompt, measure, task=self.task,
+                                  local_text=node.prompt_text(family),
+                                  candidates=self.config.candidates)  # fmt: skip
 
     def _facts(self) -> str:
-        best = next((s for s in self.result.steps if s.step == self.result.best_step), None)
-        return llm_facts.facts_block(
-            backend=self.task.backend,
-            threads=timing_threads(),
-            reference=self.task.reference_source,
-            allowed=self.task.allow_torch,
-            start=self.result.start_verdict,
-            best=best.verdict if best else None,
-            best_step=self.result.best_step,
-        )
+        start, best = self.referee.start, self.referee.best
+        return implement.facts(self.task, start.verdict, best.verdict if best.step else None,
+                               best.step)  # fmt: skip
 
-    def _measurer(self, step: int, g: str, local_id: str) -> implement.Measure:
-        """`_measure` for this step; a verdict that says nothing about the strategy (no GPU,
-        cancelled) stops the run instead."""
+    def _measurer(self, number: int, g: str, local_id: str) -> Measure:
+        """`Referee.measure` for this step; a verdict that says nothing about the strategy
+        (no GPU, cancelled) stops the run instead."""
 
         def measure(code: str) -> Verdict:
-            verdict = self._measure(step, code, g, local_id)
+            verdict = self.referee.measure(number, code, g, local_id)
             if verdict.unrunnable:
                 raise RunStopped(_stopped_by(verdict))
             return verdict
 
         return measure
 
-    def _measure(self, step: int, source: str, g: str = "", local: str = "") -> Verdict:
-        """A verdict fit to compare against: a cached verdict that is no baseline (suspect,
-        recorded without the sandbox), a fresh suspect one and a fresh timing whose interval
-        did not narrow are measured once more (the cache then holds the second one)."""
-        verdict = self._evaluate(step, source, g, local)
-        unsettled = not verdict.cached and verdict.runtime_ms is not None and not verdict.converged
-        doubtful = verdict.suspect or (verdict.cached and not usable_as_baseline(verdict))
-        if verdict.correct and (doubtful or unsettled):
-            verdict = self._evaluate(step, source, g, local, use_cache=False)
-        return verdict
-
-    def _evaluate(
-        self, step: int, source: str, g: str = "", local: str = "", use_cache: bool = True
-    ) -> Verdict:
-        def on_phase(phase: str) -> None:
-            self._phase(step, phase, g, local)
-
-        best = self.result.best_ref_speedup  # the question: does it clear the best?
-        return evaluate(
-            self.task,
-            source,
-            device=self.config.device,
-            use_cache=use_cache and self.config.use_cache,
-            cancel=self.cancel,
-            on_phase=on_phase,
-            decide=best * self.config.improve_margin if best else None,
-        )
-
-    def _settle(
-        self, step: int, candidate: str, g: str, local_id: str, verdict: Verdict | None = None
-    ) -> tuple[Status, float | None, Duel]:
-        """An apparent win, timed in pairs against the best so far unless the reference
-        ratios already decide it (`_by_ratios`): improved only when the
-        lower end of that interval clears the improve margin. A duel whose estimate clears
-        the margin but whose interval does not is timed again in another run, up to
-        MAX_DUELS runs in all, pooled (`pooled_interval`): most of a duel's interval is
-        the spread between runs, which no run's own pairs narrow."""
-        margin = self.config.improve_margin
-        decided = self._by_ratios(verdict, self.best_verdict) if verdict else None
-        if decided is not None:
-            return Status.IMPROVED, decided.speedup, decided
-        self._phase(step, "confirm", g, local_id)
-        duels: list[Verdict] = []
-        while True:
-            duel = self._compare(candidate, self.result.best_source, run=len(duels), decide=margin)
-            if not duel.correct or not duel.interval:
-                # it passed once: the candidate or the incumbent is flaky; only deception
-                # is the candidate's for certain
-                kind = duel.error_kind
-                cheated = kind == ErrorKind.CHEATING
-                status = Status.CHEATING if cheated else Status.NOT_IMPROVED
-                return status, None, Duel.failed(kind)
-            duels.append(duel)
-            pooled = pooled_interval(duels)
-            ambiguous = pooled.low < margin <= pooled.estimate
-            if not ambiguous or len(duels) == MAX_DUELS or self.cancel.is_set():
-                break
-        usable = all(usable_as_baseline(d) for d in duels)
-        confirmed = pooled.low >= margin and usable
-        summary = Duel.pooled(pooled, confirmed=confirmed, duels=len(duels))
-        return Status.IMPROVED if confirmed else Status.NOT_IMPROVED, pooled.estimate, summary
-
-    def _by_ratios(self, verdict: Verdict, best: Verdict | None) -> Duel | None:
-        """`verdict` over `best` from their own intervals over the reference (each widened
-        by the run-to-run spread), when that alone puts it above the improve margin: a
-        duel could only confirm it (None: not decided, no usable timing, or either one
-        noisy: a busy machine drifts between runs beyond the spread allowed for)."""
-        if best is None or not (usable_as_baseline(verdict) and usable_as_baseline(best)):
-            return None
-        if verdict.noisy or best.noisy:
-            return None
-        if verdict.interval is None or best.interval is None:
-            return None
-        over = stats.ratio(verdict.interval, best.interval)
-        if stats.side(over, self.config.improve_margin) <= 0:
-            return None
-        return Duel.pooled(over, confirmed=True, duels=0)
-
-    def _compare(
-        self, candidate: str, incumbent: str, run: int = 0, decide: float | None = None
-    ) -> Verdict:
-        """The pair's `run`-th run timed together (each run is cached apart); a cached
-        duel that is no baseline is timed again."""
-
-        def duel(use_cache: bool) -> Verdict:
-            device, cancel = self.config.device, self.cancel
-            return compare(self.task, candidate, incumbent, device=device, cancel=cancel,
-                           use_cache=use_cache, run=run, decide=decide)  # fmt: skip
-
-        verdict = duel(self.config.use_cache)
-        if verdict.cached and not usable_as_baseline(verdict):
-            verdict = duel(use_cache=False)
-        return verdict
-
-    def _status(self, verdict: Verdict) -> tuple[Status, float | None]:
-        """The outcome status and the speedup over the best so far (reference-normalised)."""
-        kind = verdict.error_kind
-        if not verdict.compiled:
-            return (Status.TIMEOUT if kind == ErrorKind.TIMEOUT else Status.COMPILE_ERROR), None
-        if not verdict.correct:
-            return (FAILED_STATUS.get(kind, Status.INCORRECT) if kind else Status.INCORRECT), None
-        if verdict.note:  # correct but not timed: nothing to compare
-            return Status.NOT_IMPROVED, None
-        best = self.result.best_ref_speedup
-        ratio = verdict.speedup / best if best is not None and verdict.speedup else None
-        if not usable_as_baseline(verdict):  # suspect even when re-timed: never a new best
-            return Status.NOT_IMPROVED, ratio
-        return self.episode.judge(ratio), ratio
-
-    def _learn(
+    def learn(
         self,
         decision: Decision,
         status: Status,
@@ -613,57 +474,21 @@ class Optimizer:
         candidate: str | None,
         note: str = "",
     ) -> float:
-        """One transaction in the memory; returns the step's reward."""
-        outcome = self.episode.finish(
-            decision,
-            status,
-            speedup=speedup,
-            runtime_ms=verdict.runtime_ms,
-            compiled=verdict.compiled,
-            code_excerpt=candidate or "",
-        )
+        """One transaction in the memory; returns the step's reward. A strategy that
+        failed is not chosen again in this run."""
+        outcome = self.episode.finish(decision, status, speedup=speedup,
+                                      runtime_ms=verdict.runtime_ms, compiled=verdict.compiled,
+                                      code_excerpt=candidate or "")  # fmt: skip
         outcome.note = note or llm_facts.failure_note(verdict)
         self.store.apply_outcome(outcome)
         if status.info.penalty is not None:
-            self.failed[decision.local_id] = status
+            self.runnable.failed[decision.local_id] = status
         return outcome.reward
 
-    def _over_start(self, verdict: Verdict) -> float | None:
-        start, ref = self.result.start_ref_speedup, verdict.speedup
-        if not verdict.correct or not start or not ref:
-            return None
-        return ref / start
-
-    def _duel_start(self) -> None:
-        """The run's claim over its start: the best, when it was not settled against the
-        start itself, timed in pairs against it."""
-        done = self.result.best_step == 0 or self.result.best_over_start is not None
-        if done or self.result.best_ref_speedup is None or self.cancel.is_set():
-            return
-        if (decided := self._by_ratios_over_start()) is not None:  # no need to re-time it
-            self.result.best_over_start, self.result.best_interval = decided
-            return
-        self._phase(self.config.steps, "confirm")
-        duel = self._compare(self.result.best_source, self.start_source)
-        if duel.correct and duel.interval:
-            self.result.best_over_start = duel.speedup
-            self.result.best_interval = (duel.interval.low, duel.interval.high)
-        self.result.closing_phases = self.clock.lap(step=False)
-
-    def _by_ratios_over_start(self) -> tuple[float, tuple[float, float]] | None:
-        start = self.result.start_verdict
-        decided = self._by_ratios(self.best_verdict, start) if self.best_verdict else None
-        if decided is None or decided.speedup is None or decided.bounds is None:
-            return None
-        return decided.speedup, decided.bounds
-
-    def _phase(self, step: int, phase: str, g: str = "", local: str = "") -> None:
+    def _phase(self, number: int, phase: str, g: str = "", local: str = "") -> None:
         self.clock.enter(phase)
-        left = self.clock.left_s(self.config.steps - step + 1)
-        self.emit(Phase(step, self.config.steps, phase, g, local, time.time(), left))
-
-    def persist(self) -> None:
-        self.store.put(TRAJECTORIES, self.result.run_id, self.result.to_json())
+        left = self.clock.left_s(self.config.steps - number + 1)
+        self.emit(Phase(number, self.config.steps, phase, g, local, time.time(), left))
 
 
 def _stopped_by(verdict: Verdict) -> str:
@@ -672,18 +497,6 @@ def _stopped_by(verdict: Verdict) -> str:
     if verdict.error.kind == ErrorKind.REFERENCE_ERROR:
         return f"{ErrorKind.REFERENCE_ERROR.value}: {verdict.error.message}"
     return verdict.error.kind.value
-
-
-def _restrict_to_applicable(graph: Graph, applicable: dict[str, str | None]) -> Graph:
-    """The graph without directions that have no runnable strategy right now."""
-    runnable = {lid: n for lid, n in graph.locals.items() if applicable.get(lid) is None}
-    parents = {n.parent for n in runnable.values()}
-    return Graph(
-        backend=graph.backend,
-        globals={gid: g for gid, g in graph.globals.items() if gid in parents},
-        locals=runnable,
-        edges=graph.edges,
-    )
 
 
 def _input_tokens(made: Implemented) -> int:

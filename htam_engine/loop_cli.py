@@ -17,15 +17,15 @@ from rich.table import Table
 from htam_engine import events
 from htam_engine.errors import NoStartError, ReferenceFailed, UserError
 from htam_engine.evaluate.cli import add_baseline_argument, add_policy_arguments
-from htam_engine.machine import DEVICE_CHOICES
-from htam_engine.policy.global_select import MODES
-from htam_engine.report import (
+from htam_engine.formatting import (
     format_bounded,
     format_duel,
     format_interval,
     format_roofline,
     format_speedup,
 )
+from htam_engine.machine import DEVICE_CHOICES
+from htam_engine.policy.global_select import MODES
 from htam_engine.vocabulary import PROVIDERS
 
 if TYPE_CHECKING:
@@ -151,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline == "compile":
         _versus_compile(result, task, start_source, args)
     output = Path(args.output or f".htam-out/{task.name}-{result.run_id}")
-    result.output_dir = str(write_outputs(result, output, suffix=Path(args.task).suffix))
+    optimizer.output_dir = str(write_outputs(result, output, suffix=Path(args.task).suffix))
+    result = optimizer.result()
     optimizer.persist()
     summary = result.to_json()
     if provider is not None:
@@ -214,8 +215,8 @@ def _run_interruptibly(optimizer: Any, console: Console) -> Any:
         console.print("[yellow]interrupted: stopping the worker, keeping what was learned[/]")
         optimizer.cancel.set()
         thread.join()
-        optimizer.result.stopped = "interrupted"
-        return optimizer.result
+        optimizer.stopped = "interrupted"
+        return optimizer.result()
     if "error" in box:
         raise box["error"]
     return box["result"]

@@ -30,7 +30,7 @@ from typing import Any
 from htam_engine import events
 from htam_engine.machine import kill_process_group
 from htam_engine.procs import descendants
-from htam_engine.vocabulary import TERMINAL_JOB_STATES
+from htam_engine.vocabulary import TERMINAL_JOB_STATES, JobState
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Job:
     kernel: str
     steps: int
     id: str = field(default_factory=lambda: f"htam-{os.getpid()}-{next(_ids)}")
-    state: str = "queued"
+    state: JobState = "queued"
     step: int = 0
     phase: str = ""
     message: str = ""
@@ -61,8 +61,7 @@ class Job:
     cancel_requested: bool = False
     steps_done: int = 0
     last: events.Result | events.Failed | None = None  # the engine's own ending
-    records: list[int] = field(default_factory=list)  # the numbers of its step records
-    incumbent: int = 0  # the record of its best so far, which duels are timed against
+    records: dict[int, int] = field(default_factory=dict)  # engine step -> its record's number
     excluded: tuple[str, ...] = ()  # strategies that failed on this code in earlier jobs
     task: asyncio.Task[None] | None = None
 
@@ -304,7 +303,7 @@ def _recording(on_event: OnEvent) -> OnEvent:
     return record
 
 
-def ending(job: Job, code: int, tail: str) -> tuple[str, str]:
+def ending(job: Job, code: int, tail: str) -> tuple[JobState, str]:
     """(state, message) of a job whose process ended with `code`: the engine's own word
     (its `Failed` or `Result` event) first, the exit code and stderr only without one."""
     last = job.last

@@ -23,7 +23,8 @@ from pygls.capabilities import get_capability
 
 from htam_engine import events, machine, paths
 from htam_engine.evaluate.verdict import Verdict
-from htam_engine.report import format_speedup
+from htam_engine.formatting import format_speedup
+from htam_engine.vocabulary import JobState
 from htam_lsp import discovery, insight, render, status
 from htam_lsp import suggestions as sg
 from htam_lsp.diagnostics import CompileError, compiler_words
@@ -293,21 +294,20 @@ class Runs:
 
     def _on_result(self, job: Job, result: events.Result) -> None:
         """The run's last word: its best step, re-timed in pairs against the start."""
-        mine = [r for r in self.ls.records.history(job.uri) if r.n in job.records]
+        mine = [r for r in self.ls.records.history(job.uri) if r.n in job.records.values()]
         claims = sg.run_claims(result, mine)
         if claims:
             self.ls.records.confirm(job.uri, claims)
             self.ls.refresh_lenses()
 
     def _on_step(self, job: Job, step: events.Step, begun: Start) -> None:
-        """Record the step with the claim of its duel, which was timed against the run's
-        best so far: the start until a step improved on it (the engine's own rule)."""
+        """Record the step with the claim of its duel, against the record of the step the
+        engine timed it against (`Duel.against`; 0: the code the job started from)."""
         anchor = sg.anchor(begun.text, step.source, begun.kernels) if step.correct else None
-        self.ls.records.add(job.uri, step, anchor, begun.hash, versus=job.incumbent)
-        number = self.ls.records.history(job.uri)[-1].n
-        job.records.append(number)
-        if step.status == "improved":
-            job.incumbent = number
+        against = step.versus_best.against if step.versus_best else 0
+        versus = job.records.get(against, 0)
+        self.ls.records.add(job.uri, step, anchor, begun.hash, versus=versus)
+        job.records[step.step] = self.ls.records.history(job.uri)[-1].n
         error = step.error
         if not step.compiled and error is not None and error.line is not None:
             self.compile_errors[job.uri] = CompileError(
@@ -322,7 +322,7 @@ class Runs:
 
 def _checked(
     runs: Runs, job: Job, code: int, out: bytes, tail: str, data: bytes
-) -> tuple[str, str]:
+) -> tuple[JobState, str]:
     if job.cancel_requested:
         return "cancelled", "the compile check was stopped"
     verdict = _verdict(out)

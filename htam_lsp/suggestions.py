@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from htam_engine import events
-from htam_engine.vocabulary import STATUS_TABLE
+from htam_engine.vocabulary import STATUS_TABLE, Status
 
 if TYPE_CHECKING:
     from htam_engine.memory import MemoryStore
@@ -255,7 +255,7 @@ def run_claims(result: events.Result, steps: Sequence[StepRecord]) -> dict[int, 
     if result.best_low is None or result.best_high is None:
         return {}
     best = next((r for r in steps if r.step.step == result.best_step and r.step.correct), None)
-    if best is None or not (best.confirmed or best.step.status == "improved"):
+    if best is None or not (best.confirmed or best.step.status == Status.IMPROVED):
         return {}
     return {best.n: Claim(True, 0, result.best_speedup, result.best_low, result.best_high)}
 

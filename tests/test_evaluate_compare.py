@@ -123,10 +123,10 @@ def test_a_win_the_reference_ratios_decide_needs_no_duel(task_path: Path) -> Non
         loop = Optimizer(load_task(task_path), NAIVE, provider=None, store=store,
                          config=LoopConfig(steps=1, device="cpu"))  # fmt: skip
         best = _timed(0.2, 0.18, 0.22)
-        decided = loop._by_ratios(_timed(0.6, 0.55, 0.66), best)
+        decided = loop.referee.by_ratios(_timed(0.6, 0.55, 0.66), best)
         assert decided is not None and decided.duels == 0 and decided.confirmed
         assert decided.speedup == pytest.approx(3.0) and decided.low > 1.02  # type: ignore[operator]
-        assert loop._by_ratios(_timed(0.21, 0.19, 0.23), best) is None
-        assert loop._by_ratios(_timed(0.6, 0.55, 0.66, noisy=True), best) is None
-        assert loop._by_ratios(_timed(0.6, 0.55, 0.66, suspect=True), best) is None
-        assert loop._by_ratios(_timed(0.6, 0.55, 0.66), None) is None
+        assert loop.referee.by_ratios(_timed(0.21, 0.19, 0.23), best) is None
+        assert loop.referee.by_ratios(_timed(0.6, 0.55, 0.66, noisy=True), best) is None
+        assert loop.referee.by_ratios(_timed(0.6, 0.55, 0.66, suspect=True), best) is None
+        assert loop.referee.by_ratios(_timed(0.6, 0.55, 0.66), None) is None

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from htam_engine import events
+from htam_engine.decisions import GlobalDecision
 from htam_engine.evaluate.verdict import Duel, ErrorKind, EvalError, Verdict
 from htam_engine.stats import Interval
 
@@ -30,8 +31,8 @@ def test_every_kind_round_trips_through_its_wire_form() -> None:
             "improved",
             0.4,
             1.5,
-            {"chosen": "g"},
-            {},
+            GlobalDecision.from_json({"chosen": "g"}),
+            None,
             Verdict(compiled=True, correct=True, speedup=2.0),
             "src",
             versus_best=Duel.pooled(Interval(1.1, 1.05, 1.15, 80), confirmed=True, duels=2),

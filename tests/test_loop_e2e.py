@@ -199,11 +199,9 @@ def test_cancel_mid_step_learns_nothing(task: Path, tmp_path: Path) -> None:
 
 
 def test_a_strategy_that_failed_is_not_tried_again_in_the_run(task: Path, tmp_path: Path) -> None:
-    import random
-
-    from htam_engine.loop import LoopConfig, Optimizer, _restrict_to_applicable
+    from htam_engine.loop import LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
-    from htam_engine.policy import EvidenceLocalSelector
+    from htam_engine.referee import Version
     from htam_engine.task import load_task
     from htam_engine.vocabulary import Status
 
@@ -213,18 +211,14 @@ def test_a_strategy_that_failed_is_not_tried_again_in_the_run(task: Path, tmp_pa
     optimizer = Optimizer(
         loaded, source, provider=None, store=store, config=LoopConfig(steps=1, device="cpu")
     )
-    graph = store.graph("cpu")
-    runnable = optimizer._applicability(graph, source)
-    usable = _restrict_to_applicable(graph, runnable)
-    state = optimizer._state(source)
-    decision = optimizer.episode.decide(
-        usable, state, random.Random(0), EvidenceLocalSelector(), runnable
-    )
-    assert runnable[decision.local_id] is None
+    plan = optimizer.plan(1)
+    assert plan is not None
+    decision = plan.decision
+    assert plan.applicable[decision.local_id] is None
     from htam_engine.evaluate import Verdict
 
-    optimizer._learn(decision, Status.COMPILE_ERROR, Verdict(), None, source)
-    later = optimizer._applicability(graph, source + "\n// another version\n")
+    optimizer.learn(decision, Status.COMPILE_ERROR, Verdict(), None, source)
+    later = optimizer.applicability(plan.graph, Version(source + "\n// another version\n"))
     assert later[decision.local_id] == "failed earlier in this run (compile_error)"
 
 
@@ -232,6 +226,7 @@ def test_a_suspect_speedup_never_becomes_the_best(task: Path, tmp_path: Path) ->
     from htam_engine.evaluate import EvalError, Verdict
     from htam_engine.loop import LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
+    from htam_engine.referee import Version
     from htam_engine.task import load_task
     from htam_engine.vocabulary import Status
 
@@ -239,19 +234,19 @@ def test_a_suspect_speedup_never_becomes_the_best(task: Path, tmp_path: Path) ->
     store = MemoryStore(tmp_path / "home")
     config = LoopConfig(steps=1, device="cpu")
     optimizer = Optimizer(loaded, "", provider=None, store=store, config=config)
-    optimizer.result.best_ref_speedup = 0.5
     timed = {"compiled": True, "correct": True, "runtime_ms": 0.1, "ref_runtime_ms": 2.0}
+    optimizer.referee.begin(Version("", 0, Verdict(**timed, speedup=0.5)))
     honest = Verdict(**timed, speedup=2.0)
     suspect = Verdict(**timed, speedup=20.0, suspect=True)
-    assert optimizer._status(honest) == (Status.IMPROVED, 4.0)
-    assert optimizer._status(suspect) == (Status.NOT_IMPROVED, 40.0)
+    assert optimizer.referee.status(honest) == (Status.IMPROVED, 4.0)
+    assert optimizer.referee.status(suspect) == (Status.NOT_IMPROVED, 40.0)
     for kind in ("cheating", "not_custom_kernel", "crash", "runtime_error", "oom", "cuda_error"):
         failed = Verdict(compiled=True, error=EvalError(kind, "it failed"))
-        assert optimizer._status(failed)[0] == Status(kind)  # a status of its own
+        assert optimizer.referee.status(failed)[0] == Status(kind)  # a status of its own
     wrong = Verdict(compiled=True, error=EvalError("incorrect", "expected 1.0, got 0.69"))
-    assert optimizer._status(wrong)[0] == Status.INCORRECT
+    assert optimizer.referee.status(wrong)[0] == Status.INCORRECT
     untimed = Verdict(compiled=True, correct=True, note="not timed: Triton interpreter")
-    assert optimizer._status(untimed) == (Status.NOT_IMPROVED, None)
+    assert optimizer.referee.status(untimed) == (Status.NOT_IMPROVED, None)
 
 
 @pytest.mark.parametrize(
@@ -274,7 +269,7 @@ def test_an_ambiguous_duel_is_timed_again_and_pooled(
 ) -> None:
     """The duels' numbers are scripted here (their real path is the offline run above):
     what is tested is the rule that times a duel again and pools the runs."""
-    from htam_engine import loop
+    from htam_engine import loop, referee
     from htam_engine.evaluate import Verdict
     from htam_engine.evaluate.runner import RUN_TO_RUN_CV
     from htam_engine.memory import MemoryStore
@@ -294,11 +289,11 @@ def test_an_ambiguous_duel_is_timed_again_and_pooled(
             **timed, speedup=speedup, interval=between, within_run_half_width=within.half_width
         )
 
-    monkeypatch.setattr(loop, "compare", compare)
+    monkeypatch.setattr(referee, "compare", compare)
     store = MemoryStore(tmp_path / "home")
     config = loop.LoopConfig(steps=1, device="cpu")
     optimizer = loop.Optimizer(load_task(task), "", provider=None, store=store, config=config)
-    status, speedup, summary = optimizer._settle(1, "candidate", "g", "l")
+    status, speedup, summary = optimizer.referee.settle(1, "candidate", "g", "l")
     assert summary.duels == len(asked) == runs
     assert asked == list(range(runs)), "each run is its own run, never one cached run again"
     assert summary.confirmed is confirmed

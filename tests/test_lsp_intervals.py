@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import tempfile
 from pathlib import Path
@@ -101,9 +100,11 @@ def step(n: int, local: str, ref: tuple[float, float, float] | None, replace: li
     }
 
 
-def duel(speedup: float, low: float, high: float, confirmed: bool = True) -> dict:
-    """The `versus_best` of a step event: its duel against the best so far, in pairs."""
-    return {"versus_best": {"speedup": speedup, "low": low, "high": high, "confirmed": confirmed}}
+def duel(speedup: float, low: float, high: float, confirmed: bool = True, against: int = 0) -> dict:
+    """The `versus_best` of a step event: its duel in pairs against the best so far, the
+    step `against` (0: the start)."""
+    timed = {"speedup": speedup, "low": low, "high": high, "confirmed": confirmed}
+    return {"versus_best": {**timed, "against": against}}
 
 
 def result(best_step: int, best: float | None, bounds: tuple[float, float] | None) -> dict:
@@ -249,7 +250,7 @@ async def test_a_win_confirmed_against_an_earlier_candidate_says_so(
     2's title names what it was timed against, its gain over your code an estimate."""
     first = step(1, "flags_o3", (0.7, 0.68, 0.72), ["-O2", "-O3"]) | duel(1.4, 1.3, 1.5)
     second = step(2, "unroll", (0.91, 0.89, 0.93), ["-O2", "-O3 -funroll-loops"])
-    second |= duel(1.3, 1.2, 1.4)
+    second |= duel(1.3, 1.2, 1.4, against=1)
     stopped = result(2, 1.82, None) | {"stopped": "cancelled"}
     SCRIPT.write_text(json.dumps([[first, second, stopped]]))
     result_ = await initialize(client, client.spec, OPTIONS)  # type: ignore[attr-defined]
@@ -320,9 +321,9 @@ async def test_a_strategy_that_failed_in_one_job_is_excluded_from_the_next(
 def test_the_engine_never_picks_an_excluded_strategy(tmp_path: Path) -> None:
     """`htam optimize --exclude ID` reaches the loop, which never chooses ID."""
     from htam_engine.cli import build_parser
-    from htam_engine.loop import EXCLUDED, LoopConfig, Optimizer, _restrict_to_applicable
+    from htam_engine.loop import LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
-    from htam_engine.policy import EvidenceLocalSelector
+    from htam_engine.runnable import EXCLUDED
     from htam_engine.task import load_task
 
     args = build_parser().parse_args(["optimize", "t.py", "--exclude", " a,b ,a"])
@@ -333,17 +334,13 @@ def test_the_engine_never_picks_an_excluded_strategy(tmp_path: Path) -> None:
     source = loaded.impl_source or ""
 
     def chosen(exclude: tuple[str, ...], seed: int) -> str:
-        config = LoopConfig(steps=1, device="cpu", exclude=exclude)
+        config = LoopConfig(steps=1, device="cpu", exclude=exclude, seed=seed)
         optimizer = Optimizer(loaded, source, provider=None, store=store, config=config)
-        graph = store.graph("cpu")
-        runnable = optimizer._applicability(graph, source)
+        plan = optimizer.plan(1)
+        assert plan is not None
         for excluded in exclude:
-            assert runnable[excluded] == EXCLUDED
-        usable = _restrict_to_applicable(graph, runnable)
-        decision = optimizer.episode.decide(
-            usable, optimizer._state(source), random.Random(seed), EvidenceLocalSelector(), runnable
-        )
-        return decision.local_id
+            assert plan.applicable[excluded] == EXCLUDED
+        return plan.decision.local_id
 
     first = chosen((), 0)
     assert all(chosen((first,), seed) != first for seed in range(8))

@@ -3,6 +3,7 @@ applies and explains a candidate that another process recorded."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from pathlib import Path
@@ -23,6 +24,7 @@ from lsprotocol import types as t
 from pytest_lsp import LanguageClient, client_capabilities
 
 from htam_engine import events
+from htam_engine.decisions import LocalDecision
 from htam_engine.evaluate.verdict import Duel, Verdict
 from htam_engine.memory import load_seed
 from htam_engine.policy import PolicyConfig, make_prefix, select_global
@@ -64,8 +66,8 @@ def step_event(global_id: str, local: str, speedup: float, source: str) -> event
         status="improved",
         reward=0.6,
         speedup=speedup,
-        decision={**decision.to_json(), "chosen": global_id},
-        local_decision={"local_id": local, "reason": "reuse", "ranking": []},
+        decision=dataclasses.replace(decision, chosen=global_id),
+        local_decision=LocalDecision(local, "reuse"),
         verdict=verdict,
         source=source,
         versus_best=Duel(speedup, low, speedup + 0.09, confirmed=low >= 1.02),

@@ -254,7 +254,7 @@ def test_the_hover_preview_follows_a_changed_memory(tmp_path: Path):
         before = store.graph("cuda")
         first = insight.preview(doc, unit, before)
         assert insight.preview(doc, unit, store.graph("cuda")) is first  # same content
-        chosen = first[1]["chosen"]
+        chosen = first[1].chosen
         local = before.locals_of(chosen)[0].id
         store.apply_outcome(
             Outcome(
@@ -292,7 +292,7 @@ def test_the_engines_report_gives_one_number_per_question():
                            versus_best=duel)  # fmt: skip
 
     first = stepped(1, "improved", 3.94, Duel(7.77, 2.54, 23.78, confirmed=True))
-    second = stepped(2, "not_improved", 8.46, Duel(0.9, 0.7, 1.2, confirmed=False))
+    second = stepped(2, "not_improved", 8.46, Duel(0.9, 0.7, 1.2, confirmed=False, against=1))
     run = RunResult("r", "softmax", "cpu", "offline", None, [first, second], best_step=1,
                     best_over_start=7.77, best_interval=(2.54, 23.78))  # fmt: skip
     assert versus_start(run) == ["7.77x (95 % 2.54-23.78)", "est. 8.46x"]

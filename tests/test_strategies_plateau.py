@@ -50,7 +50,7 @@ def test_the_loop_starts_the_next_step_from_a_plateau_candidate(
 ) -> None:
     """Verdicts and duels scripted (their real path is the offline end-to-end run): step 1's
     candidate ties the best in pairs; step 2 starts from it; the best is still the start."""
-    from htam_engine import loop
+    from htam_engine import loop, referee
 
     start = (EXAMPLES / "softmax" / "cpu_naive.py").read_text()
     timed = {"compiled": True, "correct": True, "device": "cpu", "converged": True}
@@ -70,8 +70,8 @@ def test_the_loop_starts_the_next_step_from_a_plateau_candidate(
             within_run_half_width=within.half_width,
         )
 
-    monkeypatch.setattr(loop, "evaluate", evaluate)
-    monkeypatch.setattr(loop, "compare", compare)
+    monkeypatch.setattr(referee, "evaluate", evaluate)
+    monkeypatch.setattr(referee, "compare", compare)
     store = MemoryStore(tmp_path / "home")
     config = loop.LoopConfig(steps=2, device="cpu", use_cache=False)
     task = tmp_path / "softmax"
@@ -82,5 +82,5 @@ def test_the_loop_starts_the_next_step_from_a_plateau_candidate(
     result = optimizer.run()
     first, second = result.steps
     assert first.status == Status.NOT_IMPROVED and first.versus_best is not None
-    assert (second.local_id, first.source) in optimizer.tried  # step 2 built on step 1
+    assert (second.local_id, first.source) in optimizer.runnable.tried  # step 2 built on step 1
     assert result.best_source == start and result.best_step == 0

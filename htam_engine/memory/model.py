@@ -17,7 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from htam_engine.vocabulary import BACKENDS, STATUS_TABLE
+from htam_engine.vocabulary import BACKENDS, STATUS_TABLE, Status
 
 START = "START"
 SEED_SCHEMA_VERSION = 1
@@ -109,7 +109,7 @@ class Evidence:
     """One measured case for a local strategy."""
 
     task_signature: str
-    status: str
+    status: Status
     speedup: float | None
     runtime_ms: float | None
     code_excerpt: str = ""
@@ -140,7 +140,7 @@ class Evidence:
             numbers[key] = None if value is None else float(value)
         return cls(
             task_signature=_require(data, "task_signature", str, where),
-            status=status,
+            status=Status(status),
             code_excerpt=_clip(str(data.get("code_excerpt", "")), EXCERPT_CHARS),
             note=str(data.get("note", "")),
             **numbers,
@@ -213,7 +213,7 @@ class LocalNode:
 
     def record(self, evidence: Evidence) -> None:
         """Keep the most useful cases: the largest speedups, and recent distinct failures."""
-        if evidence.status == "improved":
+        if evidence.status == Status.IMPROVED:
             kept = [
                 e for e in self.evidence_positive if e.task_signature != evidence.task_signature
             ]
@@ -244,7 +244,7 @@ class LocalNode:
         if best is not None:
             lines.append(f"Worked: {best.task_signature} {_fmt_speedup(best.speedup)}")
         for bad in self.evidence_negative[:2]:
-            label = "No gain" if bad.status == "not_improved" else "Failed"
+            label = "No gain" if bad.status == Status.NOT_IMPROVED else "Failed"
             ratio = f" ({bad.speedup:.2f}x the best)" if bad.speedup else ""
             note = f": {_clip(bad.note, 120)}" if bad.note else ""
             lines.append(f"{label}: {bad.status}{ratio} on {bad.task_signature}{note}")
@@ -295,7 +295,7 @@ class Outcome:
     alphas: list[float]  # alphas[i] is the weight prefix[i] had in the decision
     global_id: str
     local_id: str
-    status: str
+    status: Status
     compiled: bool
     correct: bool
     speedup: float | None
@@ -346,7 +346,7 @@ class Outcome:
         )
 
     def update_stats(self, stats: Stats, w: float = 1.0) -> None:
-        stats.update(self.reward, self.compiled, self.correct, self.status == "improved", w)
+        stats.update(self.reward, self.compiled, self.correct, self.status == Status.IMPROVED, w)
 
 
 @dataclass

@@ -1,12 +1,9 @@
 """The selection policy: transition-aware global selection, local selection, reward."""
 
+from htam_engine.decisions import Candidate, EdgeTerm, GlobalDecision, LocalDecision, PrefixWeight
 from htam_engine.policy.global_select import (
     MODES,
-    Candidate,
-    EdgeTerm,
-    GlobalDecision,
     PolicyConfig,
-    PrefixWeight,
     make_prefix,
     predicts_no_gain,
     prefix_weights,
@@ -16,7 +13,6 @@ from htam_engine.policy.global_select import (
 from htam_engine.policy.local_select import (
     STOP,
     EvidenceLocalSelector,
-    LocalDecision,
     LocalSelector,
     NoApplicableStrategy,
     unfit,

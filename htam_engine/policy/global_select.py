@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
+from htam_engine.decisions import Candidate, EdgeTerm, GlobalDecision, PrefixWeight
 from htam_engine.memory.model import START, Graph, LocalNode, Stats
 from htam_engine.policy.local_select import NoApplicableStrategy
 from htam_engine.state import PathEntry, State
-from htam_engine.vocabulary import STATUS_TABLE
+from htam_engine.vocabulary import STATUS_TABLE, Status
 
 Mode = Literal["htam", "no_transitions", "flat", "no_local", "random", "greedy"]
 MODES: tuple[str, ...] = ("htam", "no_transitions", "flat", "no_local", "random", "greedy")
@@ -47,66 +48,6 @@ class PolicyConfig:
             raise ValueError(f"unknown policy mode {self.mode!r} (expected one of {MODES})")
         if self.K < 1 or self.tau <= 0 or self.n0 < 0:
             raise ValueError("policy needs K >= 1, tau > 0 and n0 >= 0")
-
-
-@dataclass
-class PrefixWeight:
-    k: int  # 1 = the most recent step
-    source: str
-    relevance: float
-    alpha: float
-
-
-@dataclass
-class EdgeTerm:
-    src: str
-    k: int
-    alpha: float
-    n: float
-    mean: float
-    prior: float
-    utility: float
-    contribution: float
-
-
-@dataclass
-class Candidate:
-    id: str
-    name: str
-    parent: str | None  # the global direction of a local candidate (flat mode)
-    edge_terms: list[EdgeTerm]
-    node_n: float
-    node_mean: float
-    node_utility: float
-    trigger_matches: list[str]
-    trigger_total: int
-    trigger: float
-    score: float
-    probability: float = 0.0
-
-
-@dataclass
-class GlobalDecision:
-    """The choice and every number that went into it (hover shows this)."""
-
-    chosen: str
-    chosen_local: str | None  # set in flat mode, where a local strategy is chosen directly
-    mode: str
-    temperature: float
-    prefix: list[str]
-    weights: list[PrefixWeight]
-    candidates: list[Candidate] = field(default_factory=list)
-    draw: float = 0.0
-
-    @property
-    def alphas(self) -> list[float]:
-        """Weights aligned with `prefix` (oldest first), as `Outcome.alphas` expects."""
-        return [w.alpha for w in reversed(self.weights)]
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["alphas"] = self.alphas
-        return data
 
 
 def make_prefix(path: Sequence[PathEntry], K: int) -> list[str]:
@@ -270,7 +211,7 @@ def predicts_no_gain(decision: GlobalDecision, state: State) -> bool:
     """The memory expects nothing more: the last `CONVERGED_AFTER` steps kept nothing and
     no direction's learned utility (edges and node, triggers aside) is positive."""
     recent = state.path[-CONVERGED_AFTER:]
-    if len(recent) < CONVERGED_AFTER or any(p.status == "improved" for p in recent):
+    if len(recent) < CONVERGED_AFTER or any(p.status == Status.IMPROVED for p in recent):
         return False
     learned = [
         sum(t.contribution for t in c.edge_terms) + c.node_utility for c in decision.candidates

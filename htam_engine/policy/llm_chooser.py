@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from htam_engine.decisions import LocalDecision
 from htam_engine.llm import LLMError, Provider, local_selection_prompt
 from htam_engine.llm.structured import choice_schema, parse_choice
 from htam_engine.memory.model import Graph
-from htam_engine.policy.local_select import STOP, EvidenceLocalSelector, LocalDecision
+from htam_engine.policy.local_select import STOP, EvidenceLocalSelector
 from htam_engine.state import State
 
 

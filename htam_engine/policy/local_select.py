@@ -4,30 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from htam_engine.decisions import LocalDecision
 from htam_engine.memory.model import Graph, LocalNode
 from htam_engine.state import State
 from htam_engine.strategies import REGISTRY
 
 N0 = 3.0
-
-
-@dataclass
-class LocalDecision:
-    """The chosen strategy, why, and the full ranking (blocked strategies last)."""
-
-    local_id: str
-    reason: str
-    ranking: list[tuple[str, float, str]] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "local_id": self.local_id,
-            "reason": self.reason,
-            "ranking": [{"id": i, "score": s, "why": w} for i, s, w in self.ranking],
-        }
 
 
 STOP = "stop"  # the answer that ends the run and keeps the best (`LLMLocalSelector`)

@@ -1,0 +1,71 @@
+"""Which strategies a run's next step may choose (design, "Applicability is data").
+
+A strategy runs when it fits the code by its own declarations, has not failed in this run
+(or, excluded, in an earlier one), was not tried on this very code, and can be written:
+its mechanical rewrite applies, or an LLM answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from htam_engine.memory import Graph, LocalNode
+from htam_engine.policy import unfit
+from htam_engine.state import State
+from htam_engine.strategies import REGISTRY
+from htam_engine.vocabulary import Status
+
+EXCLUDED = "excluded: it failed on this task in an earlier run"
+LLM_FAILURES = 2  # consecutive failed LLM generations before the run goes mechanical
+
+
+@dataclass
+class Runnable:
+    """What a run has learned about its strategies so far; `llm`: an LLM writes code."""
+
+    llm: bool
+    failed: dict[str, Status | str] = field(default_factory=dict)
+    tried: set[tuple[str, str]] = field(default_factory=set)  # (strategy, code) evaluated
+    llm_failures: int = 0  # consecutive generations the LLM did not answer
+
+    @classmethod
+    def excluding(cls, llm: bool, exclude: Iterable[str]) -> Runnable:
+        return cls(llm, dict.fromkeys(exclude, EXCLUDED))
+
+    def of(self, graph: Graph, state: State, source: str) -> dict[str, str | None]:
+        """None for a strategy that can run on `source` now, else the reason it cannot."""
+        return {lid: self.why_not(node, state, source) for lid, node in graph.locals.items()}
+
+    def why_not(self, node: LocalNode, state: State, source: str) -> str | None:
+        if why_not := unfit(node, state):
+            return f"does not fit: {why_not}"
+        if node.id in self.failed:
+            why = self.failed[node.id]
+            return why if why == EXCLUDED else f"failed earlier in this run ({why})"
+        if (node.id, source) in self.tried:
+            return "already tried on the current code"
+        if node.mechanical:
+            rewrite = REGISTRY.get(node.mechanical)
+            return rewrite.check(source) if rewrite else f"unknown rewrite {node.mechanical}"
+        if not self.llm:
+            return "needs an LLM (offline provider: mechanical strategies only)"
+        if self.llm_given_up:
+            return f"needs an LLM (it failed {LLM_FAILURES} times in a row)"
+        return None
+
+    @property
+    def llm_given_up(self) -> bool:
+        return self.llm_failures >= LLM_FAILURES
+
+
+def restrict(graph: Graph, applicable: dict[str, str | None]) -> Graph:
+    """The graph without directions that have no runnable strategy right now."""
+    runnable = {lid: n for lid, n in graph.locals.items() if applicable.get(lid) is None}
+    parents = {n.parent for n in runnable.values()}
+    return Graph(
+        backend=graph.backend,
+        globals={gid: g for gid, g in graph.globals.items() if gid in parents},
+        locals=runnable,
+        edges=graph.edges,
+    )
