@@ -87,11 +87,9 @@ class RunResult:
     note: str = ""  # what the run's numbers can say (e.g. correctness only, not timed)
     best_ref_speedup: float | None = None
     start_ref_speedup: float | None = None
-    # the best timed in pairs against the start (`Optimizer._duel_start`), or its
-    # reference ratio to the start's where that alone decides it: the estimate and its
-    # 95 % bounds
-    best_over_start: float | None = None
-    best_interval: tuple[float, float] | None = None
+    # the best timed in pairs against the start (`Referee.over_start`), or its reference
+    # ratio to the start's where that alone decides it
+    over_start: Duel | None = None
     stopped: str = "completed"
     output_dir: str = ""
     start_phases: dict[str, float] = field(default_factory=dict)  # measuring the start
@@ -105,11 +103,16 @@ class RunResult:
     def best_speedup(self) -> float | None:
         """Best correct implementation over the starting one: timed against it in pairs
         where that was done, else the ratio of their speedups over the reference."""
-        if self.best_over_start is not None:
-            return self.best_over_start
+        if self.over_start is not None and self.over_start.speedup is not None:
+            return self.over_start.speedup
         if self.best_ref_speedup is None or not self.start_ref_speedup:
             return None
         return self.best_ref_speedup / self.start_ref_speedup
+
+    @property
+    def best_interval(self) -> tuple[float, float] | None:
+        """The 95 % bounds of `best_speedup` where it was timed in pairs."""
+        return self.over_start.bounds if self.over_start else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -253,7 +256,7 @@ class Optimizer:
 
     def result(self) -> RunResult:
         """The run so far, as `--json`, the report and the trajectory store keep it."""
-        start, best, claim = self.referee.start, self.referee.best, self.referee.over_start
+        start, best = self.referee.start, self.referee.best
         return RunResult(
             run_id=self.run_id,
             task=self.task.name,
@@ -268,8 +271,7 @@ class Optimizer:
             note=self.note,
             best_ref_speedup=best.ref_speedup,
             start_ref_speedup=start.ref_speedup,
-            best_over_start=claim.speedup if claim else None,
-            best_interval=claim.bounds if claim else None,
+            over_start=self.referee.over_start,
             stopped=self.stopped,
             output_dir=self.output_dir,
             start_phases=self.start_phases,

@@ -79,7 +79,8 @@ class Referee:
     def promote(self, candidate: Version, duel: Duel | None) -> None:
         """`candidate` is the new best; `duel`, its timing against the old one, is its
         claim over the start where the old best was the start."""
-        self.over_start = duel if duel is not None and duel.against == 0 else None
+        paired = duel is not None and duel.speedup is not None and duel.against == 0
+        self.over_start = duel if paired else None
         self.best = candidate
 
     def estimate_over_start(self, verdict: Verdict) -> float | None:

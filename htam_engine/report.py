@@ -107,8 +107,8 @@ def versus_start(result: RunResult) -> list[str]:
     cells = []
     for s in result.steps:
         duel = s.versus_best
-        if s.step == result.best_step and result.best_interval and result.best_over_start:
-            cells.append(format_bounded(result.best_over_start, result.best_interval))
+        if s.step == result.best_step and result.best_interval:
+            cells.append(format_bounded(result.best_speedup, result.best_interval))
         elif duel is not None and duel.against == 0 and duel.speedup is not None:
             cells.append(format_bounded(duel.speedup, duel.bounds))
         else:

@@ -294,7 +294,7 @@ def test_the_engines_report_gives_one_number_per_question():
     first = stepped(1, "improved", 3.94, Duel(7.77, 2.54, 23.78, confirmed=True))
     second = stepped(2, "not_improved", 8.46, Duel(0.9, 0.7, 1.2, confirmed=False, against=1))
     run = RunResult("r", "softmax", "cpu", "offline", None, [first, second], best_step=1,
-                    best_over_start=7.77, best_interval=(2.54, 23.78))  # fmt: skip
+                    over_start=Duel(7.77, 2.54, 23.78, confirmed=True))  # fmt: skip
     assert versus_start(run) == ["7.77x (95 % 2.54-23.78)", "est. 8.46x"]
     report = markdown_report(run)
     assert "| 3.94x |" not in report and "| 8.46x |" not in report, report
