@@ -203,7 +203,7 @@ class Optimizer:
         self.referee = Referee(task, device=config.device, use_cache=config.use_cache,
                                margin=config.improve_margin, judge=self.episode.judge,
                                cancel=self.cancel, on_phase=self._phase)  # fmt: skip
-        self.referee.start = self.referee.best = Version(start_source)
+        self.referee.begin(Version(start_source))  # measured by `_start`
         self.run_id = uuid.uuid4().hex[:12]
         self.steps: list[Step] = []
         self.translation: Step | None = None  # step 0 when the LLM wrote the start
@@ -294,11 +294,11 @@ class Optimizer:
         None when no strategy can run."""
         current, self.base = self.base or self.referee.best, None
         graph = self.store.graph(self.task.backend)
-        applicable = self.applicability(graph, current)
+        state = self._state(current)
+        applicable = self.runnable.of(graph, state, current.source)
         usable = restrict(graph, applicable)
         if not usable.globals:
             return None
-        state = self._state(current)
         if "near_limit" in state.features:  # at 90 % or more of the machine's limit
             placed = (current.verdict or Verdict()).roofline
             raise RunStopped(f"at the limit: {roofline.describe(placed)}")
@@ -318,8 +318,7 @@ class Optimizer:
         self.runnable.tried.add((local_id, plan.current.source))
         self._phase(number, "generate", g, local_id)
         made = self._implement_or_fail(number, plan)
-        candidate = Version(made.code or "", number, made.verdict)
-        status, speedup, versus_best = self._conclude(plan, candidate)
+        status, speedup, versus_best = self._conclude(number, plan, made)
         self._phase(number, "update", g, local_id)
         # an LLM that did not answer says nothing about the strategy: nothing is learned
         llm_down = made.note.startswith(LLM_FAILED)
@@ -347,17 +346,20 @@ class Optimizer:
         self.emit(record)
         return record
 
-    def _conclude(self, plan: Plan, candidate: Version) -> tuple[Status, float | None, Duel | None]:
+    def _conclude(
+        self, number: int, plan: Plan, made: Implemented
+    ) -> tuple[Status, float | None, Duel | None]:
         """The candidate's status, speedup over the best and duel; a win becomes the best,
         a tie an edge predicts a follow-up gain from becomes the next step's base."""
-        if not candidate.source or candidate.verdict is None:
+        if made.code is None or made.verdict is None:
             return Status.NO_CODE, None, None  # no code: nothing was evaluated
+        candidate = Version(made.code, number, made.verdict)
         g, local_id = plan.decision.global_id, plan.decision.local_id
         status, speedup, duel = self.referee.decide(candidate, g, local_id)
         if status == Status.NOT_IMPROVED and plateau_base(plan.graph, g, duel):
             self.base = candidate  # the best stays; the next step starts here
         # an untimed run (Triton under its interpreter) goes on from correct code
-        if status == Status.IMPROVED or (candidate.correct and candidate.verdict.note):
+        if status == Status.IMPROVED or (candidate.correct and made.verdict.note):
             self.referee.promote(candidate, duel)
         return status, speedup, duel
 

@@ -68,7 +68,7 @@ class Referee:
     ) -> None:
         self.task, self.device, self.use_cache = task, device, use_cache
         self.margin, self.judge, self.cancel, self.on_phase = margin, judge, cancel, on_phase
-        self.start = self.best = Version(task.impl_source or "")
+        self.start = self.best = Version("")  # `begin` sets them
         self.over_start: Duel | None = None  # the best timed in pairs against the start
 
     def begin(self, start: Version) -> None:
