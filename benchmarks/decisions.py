@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-FRONTIER = ROOT.parent.parent / "shared" / "data" / "llm-answers" / "frontier"
+FRONTIER = ROOT.parent / "shared" / "data" / "llm-answers" / "frontier"
 FRONTIER_TASKS = ("gelu_bare.jsonl", "gemm_add_relu_bare.jsonl")
 STEPS = 3
 FENCE = re.compile(r"```python\n(.*?)\n```", re.S)
