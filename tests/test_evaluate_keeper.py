@@ -49,10 +49,7 @@ def keeping(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _keeper_pid() -> int | None:
     """The pid written in the lock, if that keeper still holds it."""
-    lock = subdir("keeper") / keeper.LOCK_NAME
-    if not lock.exists() or not keeper._running():
-        return None
-    return int(lock.read_text())
+    return keeper.holder(home())
 
 
 def _spares() -> list[Path]:

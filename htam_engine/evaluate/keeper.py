@@ -199,10 +199,28 @@ def _send(connection: socket.socket, message: dict[str, Any]) -> None:
 
 def stop(home: Path) -> None:
     """Stop the keeper of the HTAM home `home`, if one runs (its judge goes with it)."""
+    if (pid := holder(home)) is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def holder(home: Path) -> int | None:
+    """The pid of the keeper holding `home`'s lock, or None. A keeper writes its pid just
+    after it takes the lock: an empty lock is read again until then (up to REPLY_S)."""
     lock = home / "keeper" / LOCK_NAME
-    with contextlib.suppress(OSError, ValueError):
-        if held(os.open(lock, os.O_RDONLY)):
-            os.kill(int(lock.read_text()), signal.SIGTERM)
+    deadline = time.monotonic() + REPLY_S
+    while True:
+        try:
+            if not held(os.open(lock, os.O_RDONLY)):
+                return None
+            text = lock.read_text().strip()
+        except OSError:
+            return None
+        if text.isdigit():
+            return int(text)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
 
 
 def _running() -> bool:
