@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,7 +38,10 @@ def test_a_full_size_problem_is_refused_with_the_estimate_and_a_scale(htam_home:
     error = _eval()["error"]
     assert error["kind"] == "too_large"
     assert "one input set is 6.4 GB" in error["message"]
-    assert "Limits.memory_mb" in error["message"] and "--scale 0.1" in error["message"]
+    assert "Limits.memory_mb" in error["message"]
+    # 0.1 fits under the worker's cap; a busy machine's free memory may ask for less
+    suggested = re.search(r"--scale (\S+) ", error["message"])
+    assert suggested and 0 < float(suggested.group(1)) <= 0.1, error["message"]
     assert "batch_size" in error["message"]
     # the judge started beside the estimate (held: no input set made) went with the command
     assert not list((htam_home / "jobs").glob("*"))
