@@ -14,12 +14,13 @@ never compiles twice there.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from htam_engine.digest import digest
 
 DEFAULT_CFLAGS = ("-O2",)
 
@@ -57,7 +58,7 @@ def build_cpp(source: str, extra_cflags: list[str] | tuple[str, ...] = DEFAULT_C
     """Compile `source` into a shared library (cached by content hash) and return its path."""
     compiler = os.environ.get("CXX", "g++")
     flags = [*extra_cflags, "-shared", "-fPIC", "-std=c++17"]
-    key = hashlib.sha256("\0".join([compiler, *flags, source]).encode()).hexdigest()[:24]
+    key = digest({"compiler": compiler, "flags": flags, "source": source})[:24]  # injective
     library = _build_root() / f"htam_{key}.so"
     if library.exists():
         return library

@@ -152,6 +152,19 @@ def test_the_key_holds_what_the_build_depends_on(monkeypatch: pytest.MonkeyPatch
     assert base not in changed and len(set(changed)) == len(changed)
 
 
+def test_two_folders_whose_joined_siblings_were_one_string_have_two_keys() -> None:
+    """The old key joined `name NUL text` by NUL: a header holding NULs passed for two."""
+    one_header, two_headers = {"a.h": "x\0b.h\0y"}, {"a.h": "x", "b.h": "y"}
+    joined = ["\0".join(f"{n}\0{t}" for n, t in s.items()) for s in (one_header, two_headers)]
+    assert joined[0] == joined[1], "the pair collided under the old key"
+    assert builds.key("k.py", "code", one_header, "cpu") != builds.key(
+        "k.py", "code", two_headers, "cpu"
+    )
+    assert builds.key("k.py", "code\0a.h\0x", {}, "cpu") != builds.key(
+        "k.py", "code", {"a.h": "x"}, "cpu"
+    )
+
+
 def _entry(key: str, size: int, mtime: float) -> None:
     folder = subdir("box-builds") / key
     folder.mkdir()

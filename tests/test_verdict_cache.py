@@ -42,6 +42,47 @@ def key_for(candidate: str, sandbox: str) -> str:
     return cache.key(task, candidate, "cpu", Limits(), sandbox=sandbox)
 
 
+# Two folders whose siblings the old key joined into one string, `name NUL text` joined by
+# NUL: {"a.h": "x NUL b.h NUL y"} read exactly as {"a.h": "x", "b.h": "y"}.
+ONE_HEADER = {"a.h": "x\0b.h\0y"}
+TWO_HEADERS = {"a.h": "x", "b.h": "y"}
+
+
+def test_two_folders_whose_joined_siblings_were_one_string_have_two_keys() -> None:
+    joined = ["".join(f"\0{n}\0{t}" for n, t in s.items()) for s in (ONE_HEADER, TWO_HEADERS)]
+    assert joined[0] == joined[1], "the pair collided under the old key"
+    task = load_task(FIXTURES / "correct.py")
+    one, two = (
+        cache.key(task, cache.content("k", siblings=s), "cpu", Limits())
+        for s in (ONE_HEADER, TWO_HEADERS)
+    )
+    assert one != two
+
+
+def test_no_field_of_the_content_can_pass_for_another() -> None:
+    """Each pair joined into the same string by a separator, or told apart only by where
+    one field ends: every one has its own key."""
+    task = load_task(FIXTURES / "correct.py")
+    contents = [
+        cache.content("a\0vs\0b"),
+        cache.content("a", incumbent="b"),
+        cache.content("a\0run\01"),
+        cache.content("a", run=1),
+        cache.content("a", incumbent="b\0run\01"),
+        cache.content("a", incumbent="b", run=1),
+        cache.content("a\0baseline\0compiled"),
+        cache.content("a", baseline="compiled"),
+        cache.content("a", siblings={"x.h": ""}),
+        cache.content("a", siblings={"x.h\0": ""}),
+        cache.content("a", siblings={"x.h": "\0"}),
+    ]
+    keys = {cache.key(task, content, "cpu", Limits()) for content in contents}
+    assert len(keys) == len(contents)
+    assert cache.key(task, "a", "cpu", Limits()) == cache.key(
+        task, cache.content("a"), "cpu", Limits()
+    ), "a bare source is its plain evaluation"
+
+
 def rows(home: Path) -> sqlite3.Connection:
     return sqlite3.connect(home / "eval-cache" / cache.DB_NAME)
 

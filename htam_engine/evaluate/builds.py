@@ -19,7 +19,6 @@ content that made it. Only under bwrap: without it a candidate can write the HTA
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import stat
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import htam_engine
 from htam_engine import machine
+from htam_engine.digest import digest
 from htam_engine.evaluate import cache
 from htam_engine.evaluate.sandbox import sandbox_mode
 from htam_engine.paths import subdir
@@ -39,6 +39,7 @@ MAX_BYTES = 1 << 30  # all entries together; the least recently used go first
 MAX_ENTRY_BYTES = 64 << 20  # one entry (a load_cpp library is tens of kB)
 MAX_ENTRY_FILES = 256
 _STAGING = ".staging-"
+FORMAT = "htam-build-2"  # 2: injective keys; an entry of 1 is never found, then evicted
 
 
 def enabled() -> bool:
@@ -46,19 +47,21 @@ def enabled() -> bool:
 
 
 def key(name: str, code: str, siblings: dict[str, str], device: str) -> str:
-    """What a build in a box holding `code` as `name` (and `siblings`) depends on."""
+    """What a build in a box holding `code` as `name` (and `siblings`) depends on: the
+    digest of one structure (injective: no sibling's text can pass for two siblings)."""
     env = machine.scrubbed_env(machine.WORKER_ENV)  # what the worker's compiler sees
-    parts = [
-        "htam-build-1",
-        htam_engine.__version__,
-        cache.fingerprint(),
-        device,
-        name,
-        code,
-        *(f"{sibling}\0{text}" for sibling, text in sorted(siblings.items())),
-        *(f"{variable}={value}" for variable, value in sorted(env.items())),
-    ]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    return digest(
+        {
+            "format": FORMAT,
+            "htam": htam_engine.__version__,
+            "fingerprint": cache.fingerprint(),
+            "device": device,
+            "name": name,
+            "code": code,
+            "siblings": siblings,
+            "env": env,
+        }
+    )[:32]
 
 
 def _root() -> Path:

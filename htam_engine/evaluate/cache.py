@@ -24,25 +24,26 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from htam_engine import database
+from htam_engine.digest import digest
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.paths import subdir
 from htam_engine.task import Task, allowed_ops
 
-RECORD_FORMAT = "htam-verdict"
+RECORD_FORMAT = "htam-verdict-2"  # 2: injective keys; a row of 1 is never read
 DB_NAME = "verdicts.sqlite3"
 UNSANDBOXED = "none"
 BUSY_TIMEOUT_S = 30.0
 
 
 IMPORTED = (
-    "database", "errors", "formatting", "kernels", "machine", "paths", "placement", "procs",
-    "roofline", "stats", "task", "triton_backend", "vocabulary",
+    "database", "digest", "errors", "formatting", "kernels", "machine", "paths", "placement",
+    "procs", "roofline", "stats", "task", "triton_backend", "vocabulary",
 )  # fmt: skip  # HTAM's modules that the evaluator imports (`evaluator_files`)
 
 
@@ -110,24 +111,54 @@ def fingerprint() -> str:
     )
 
 
+def content(
+    candidate: str,
+    *,
+    incumbent: str | None = None,
+    run: int = 0,
+    siblings: Mapping[str, str] | None = None,
+    baseline: str = "eager",
+) -> dict[str, Any]:
+    """What one evaluation is of, as a structure (never a string joined from its parts:
+    a sibling's text holding the separator would make two folders one content): the
+    candidate, the incumbent it is timed against, which separate run, the files next to
+    it that its box holds (by name), and the reference side's baseline."""
+    return {
+        "candidate": candidate,
+        "incumbent": incumbent,
+        "run": run,
+        "siblings": dict(siblings or {}),
+        "baseline": baseline,
+    }
+
+
 def key(
-    task: Task, candidate: str, device: str, limits: Limits, *, sandbox: str = UNSANDBOXED
+    task: Task,
+    candidate: str | Mapping[str, Any],
+    device: str,
+    limits: Limits,
+    *,
+    sandbox: str = UNSANDBOXED,
 ) -> str:
     """The cache key: everything a verdict depends on, the sandbox mode included (a
     verdict measured without the sandbox never answers for one measured inside it), and
-    the library policy (a verdict under one `--allow-torch` never answers for another)."""
-    parts = [
-        task.reference_source,  # as run: a `--scale`d problem is another problem
-        "allow_torch=" + ",".join(sorted(allowed_ops(task.allow_torch))),
-        task.kind,
-        task.entry or "",
-        candidate,
-        device,
-        json.dumps(asdict(limits), sort_keys=True),
-        sandbox,
-        fingerprint(),
-    ]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    the library policy (a verdict under one `--allow-torch` never answers for another).
+    `candidate` is a `content` (a bare source: its plain evaluation). Injective: the
+    digest of one structure, so no field's text can pass for another field's."""
+    return digest(
+        {
+            "format": RECORD_FORMAT,
+            "reference": task.reference_source,  # as run: a `--scale`d problem is another
+            "allow_torch": sorted(allowed_ops(task.allow_torch)),
+            "kind": task.kind,
+            "entry": task.entry,
+            "content": content(candidate) if isinstance(candidate, str) else candidate,
+            "device": device,
+            "limits": asdict(limits),
+            "sandbox": sandbox,
+            "fingerprint": fingerprint(),
+        }
+    )
 
 
 def usable_as_baseline(verdict: Verdict) -> bool:

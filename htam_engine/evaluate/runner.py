@@ -105,11 +105,10 @@ def evaluate(
     limits = limits or Limits()
     resolved = machine.resolve_device(device, task.backend)
     mode = sandbox_mode()
-    content = candidate_source if incumbent is None else f"{candidate_source}\0vs\0{incumbent}"
-    content += f"\0run\0{run}" if run else ""
     siblings = sandbox.named_siblings(task.impl_path, candidate_source)  # the box holds them
-    content += "".join(f"\0{name}\0{text}" for name, text in siblings.items())
-    content += "\0baseline\0compiled" if baseline == COMPILED else ""
+    content = cache.content(
+        candidate_source, incumbent=incumbent, run=run, siblings=siblings, baseline=baseline
+    )  # a structure, never a joined string: a sibling's text cannot pass for two
     key = cache.key(task, content, resolved, limits, sandbox=mode)  # policy too
     if use_cache and (hit := cache.get(key, sandbox=mode)) is not None:
         roofline.replace_on_kept(hit)  # on today's limits, as the fresh verdicts beside it

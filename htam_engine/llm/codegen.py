@@ -19,7 +19,7 @@ from htam_engine.evaluate.verdict import ErrorKind, Verdict
 from htam_engine.llm.base import Completion, LLMError, Provider
 from htam_engine.llm.extract import extract_candidate
 from htam_engine.llm.limits import BudgetExhausted
-from htam_engine.llm.prompts import repair_prompt
+from htam_engine.llm.prompts import QUOTED, fence_block, repair_prompt
 
 # Verdict error kinds a repair turn can fix: the code ran into a visible, local fault.
 # Not timeouts, OOM or cheating: those need another strategy, not a patch.
@@ -119,7 +119,7 @@ def failure_text(verdict: Verdict) -> str:
         line = f" (line {error.line})" if error.line else ""
         parts = [f"{error.kind}{line}: {error.message}".strip()]
         if error.excerpt:
-            parts.append(f"```\n{error.excerpt.strip()}\n```")
+            parts.append(f"Log excerpt ({QUOTED}):\n{fence_block(error.excerpt.strip())}")
     failed = [c for c in verdict.checks if not c.passed]
     parts += [f"- check {c.name}: {c.detail}" for c in failed[:MAX_FAILED_CHECKS]]
     return "\n".join(parts)

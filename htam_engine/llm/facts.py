@@ -20,6 +20,7 @@ from htam_engine import machine, roofline
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.events import Step
 from htam_engine.formatting import format_speedup
+from htam_engine.llm.prompts import QUOTED, fence_block
 from htam_engine.vocabulary import TOLERANCES, Status
 
 # atol = rtol per dtype, as `evaluate.common.tolerance` (a test keeps the two equal).
@@ -258,8 +259,8 @@ def step_line(step: Step) -> str:
     if step.status == Status.NO_CODE:
         return f"{head}: {step.note or 'no code'}"
     if not verdict.correct:
-        why = failure_note(verdict)
-        return f"{head}: {why}" if why else head
+        why = failure_note(verdict)  # the candidate's own words: quoted, on one line
+        return f"{head}: why ({QUOTED}): {fence_block(why, inline=True)}" if why else head
     parts = [f"{format_speedup(step.speedup)} over the start"]
     duel = step.versus_best
     if duel is not None and duel.speedup is not None:
