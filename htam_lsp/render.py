@@ -203,7 +203,10 @@ def strategy_notes(graph: Graph, step: events.Step) -> list[str]:
 
 
 def outcome(step: events.Step) -> str:
-    """The step's status, with the engine's own reason when it failed."""
+    """The step's status, with the engine's own reason when it failed, or the sizes where
+    a candidate right at the task's shape only is wrong."""
+    if step.correct and step.verdict.shape_only:
+        return f"{step.status}: correct at the task's shape only"
     why = (step.error.message if step.error else "").strip().splitlines()
     return f"{step.status}: {why[0][:120]}" if why and not step.correct else step.status
 

@@ -102,7 +102,9 @@ def test_work_deferred_past_done_is_still_timed():
     assert verdict.runtime_ms is not None and verdict.runtime_ms > deferred_ms
 
 
-def test_no_input_is_ever_given_twice():
+def test_no_timed_input_is_ever_given_twice():
+    """Verification gives input set 1 twice (`verify.deterministic`); timing never
+    repeats an input, so a cache by value never answers a timed call."""
     verdict = measure(CANDIDATES / "adversarial" / "value_cache.py")
     assert verdict.correct, verdict.error
     assert len(verdict.samples["candidate"]) >= 10

@@ -171,6 +171,8 @@ def usable_as_baseline(verdict: Verdict) -> bool:
     """
     if not verdict.correct or verdict.error is not None or verdict.suspect:
         return False
+    if verdict.shape_only:  # right at the task's shape only: never what others beat
+        return False
     if any(not check.passed for check in verdict.checks):
         return False
     if not verdict.runtime_ms or verdict.runtime_ms <= 0 or not verdict.speedup:

@@ -17,6 +17,7 @@ import statistics
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +38,22 @@ from htam_engine.evaluate.process import (
 )
 from htam_engine.evaluate.side import Side
 from htam_engine.evaluate.verdict import Check, sets_ahead
+from htam_engine.evaluate.wider import (
+    DETERMINISTIC,
+    MIN_SIZE,
+    OTHER_SINGLES,
+    WIDE,
+    WIDE_MAGNITUDE,
+    Extra,
+    describe_sizes,
+    equal_values,
+    identical,
+    magnitude,
+    other_size,
+    rewritten,
+    size_constants,
+    widening,
+)
 from htam_engine.vocabulary import ErrorKind
 
 Outputs = list[torch.Tensor]
@@ -87,28 +104,31 @@ def _chunks(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
     return zip(*(t.reshape(-1).split(_CHUNK) for t in tensors), strict=True)
 
 
-def _within(out: torch.Tensor, ref: torch.Tensor, tol: float) -> torch.Tensor:
+def _within(out: torch.Tensor, ref: torch.Tensor, tol: float, atol: float) -> torch.Tensor:
     if not out.is_floating_point():
         return out == ref
-    return (out - ref).abs_() <= ref.abs().mul_(tol).add_(tol)  # NaN is never within
+    return (out - ref).abs_() <= ref.abs().mul_(tol).add_(atol)  # NaN is never within
 
 
-def close(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
-    """Within KernelBench's per-dtype tolerance (atol = rtol), and why not. The check
-    runs in the outputs' own dtype (fast: timed outputs are judged too); the message
-    is worked out only for a failure."""
+def close(out: torch.Tensor, ref: torch.Tensor, scale: float = 1.0) -> tuple[bool, str]:
+    """Within KernelBench's per-dtype tolerance (atol = rtol, atol times `scale` for
+    outputs `scale` times the task's own), and why not. The check runs in the outputs'
+    own dtype (fast: timed outputs are judged too); the message is worked out only for
+    a failure."""
     if out.shape != ref.shape:
         return False, f"shape {tuple(out.shape)} where {tuple(ref.shape)} was expected"
     tol = common.tolerance(ref.dtype)
-    if all(bool(_within(a, b, tol).all()) for a, b in _chunks(out, ref)):
+    atol = tol * scale
+    if all(bool(_within(a, b, tol, atol).all()) for a, b in _chunks(out, ref)):
         return True, ""
-    ok = _within(out, ref, tol)
+    ok = _within(out, ref, tol, atol)
     a, b = out.double(), ref.double()
     diff = (a - b).abs().nan_to_num(float("inf"))
     worst = int(diff.argmax())
     where = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), out.shape))
     return False, (
-        f"{int((~ok).sum())}/{ok.numel()} values off by more than atol=rtol={tol:g}; "
+        f"{int((~ok).sum())}/{ok.numel()} values off by more than "
+        f"{f'atol={atol:g}, rtol={tol:g}' if atol != tol else f'atol=rtol={tol:g}'}; "
         f"worst at {where}: got {a.flatten()[worst].item():.6g}, "
         f"expected {b.flatten()[worst].item():.6g}"
     )
@@ -130,13 +150,19 @@ class Checks:
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
         self.failures: dict[str, str] = {}
+        self.notes: dict[str, str] = {}  # what a passed check says (a set skipped, and why)
 
     def fail(self, name: str, where: str, detail: str) -> None:
         self.failures.setdefault(name, f"{where}: {detail}")
 
+    def note(self, name: str, detail: str) -> None:
+        self.notes.setdefault(name, detail)
+
     def as_list(self) -> list[dict[str, Any]]:
         return [
-            common.check(name, name not in self.failures, self.failures.get(name, ""))
+            {"name": name, "passed": False, "detail": self.failures[name]}
+            if name in self.failures
+            else {"name": name, "passed": True, "detail": self.notes.get(name, "")}
             for name in self.names
         ]
 
@@ -150,6 +176,9 @@ _VERIFY_CHECKS = (
     "output.synchronous",
     "output.values",
     "precision.float64",
+    "verify.wide_values",
+    "verify.deterministic",
+    protocol.SHAPE_ONLY,
 )
 _TIMING_CHECKS = (
     "timing.outputs",
@@ -301,9 +330,9 @@ class Judge:
             raise SystemExit(0)
 
     # set-up ---------------------------------------------------------------------------
-    def _model(self, init: list[Any]) -> torch.nn.Module:
+    def _model(self, init: list[Any], module: types.ModuleType | None = None) -> torch.nn.Module:
         torch.manual_seed(self.init_seed)
-        model: torch.nn.Module = self.reference.Model(*init)
+        model: torch.nn.Module = (module or self.reference).Model(*init)
         return model.to(self.device)
 
     def _make_inputs(self, alt: bool = False) -> list[Any]:
@@ -340,9 +369,12 @@ class Judge:
             if self.model64 is not None else None
         )  # fmt: skip
         self.out_items = [common.layout(out)[0] for out in self.expected]
+        self.wide = self._wide_set(model)
+        self.other = self._other_set(init)
+        extras = [extra for extra in (self.wide, self.other) if extra is not None]
         sizes = (
-            max(common.layout(inputs)[1] for inputs in self.sets),
-            max(common.layout(out)[1] for out in self.expected),
+            max(common.layout(inputs)[1] for inputs in self.sets + [e.inputs for e in extras]),
+            max(common.layout(out)[1] for out in self.expected + [e.expected for e in extras]),
         )
         for side in self.sides.values():
             torch.save(init, side.box / "init.pt")
@@ -351,6 +383,140 @@ class Judge:
         # from here until `time_all` stops it, that thread draws from torch's global
         # generator: nothing in between relies on a seed (count_work's forward counts)
         self.ahead = InputsAhead(self._make_inputs, count)
+
+    def _wide_set(self, model: torch.nn.Module) -> Extra | None:
+        """An input set of the task's generator with each floating input scaled to reach
+        |x| = WIDE_MAGNITUDE (`widening`; one that has no negatives gets random signs
+        first, unless the reference is then not finite); None, with the check's note, where there is
+        nothing to scale or the reference itself is not finite there."""
+        base = self._make_inputs()
+        floating = [
+            i
+            for i, x in enumerate(base)
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()
+        ]
+        ranges = {i: [float(v) for v in torch.aminmax(base[i])] for i in floating}
+        peaks = {i: max(-low, high) for i, (low, high) in ranges.items()}
+        scaled = [i for i in floating if 0 < peaks[i] < WIDE_MAGNITUDE]
+        if not scaled:
+            self.verify.note(
+                WIDE, f"skipped: no floating input below |x| = {WIDE_MAGNITUDE:g} to widen"
+            )
+            return None
+        unsigned = [i for i in scaled if ranges[i][0] >= 0]
+        task = [magnitude(out) for out in self.expected[0]]
+        reach = max(peaks[i] for i in scaled)
+        for signs in (True, False) if unsigned else (False,):
+            inputs = list(base)
+            for i in scaled:
+                wide = base[i]
+                if signs and i in unsigned:
+                    wide = torch.where(torch.rand(wide.shape) < 0.5, -wide, wide)
+                inputs[i] = (wide * widening(wide)).to(base[i].dtype)
+            seed = _rng.randrange(2**63)
+            try:
+                expected = self._run_model(model, inputs, seed)
+            except Exception:  # e.g. a reference that checks its inputs' range
+                continue
+            magnitudes = [magnitude(out) for out in expected]
+            if all(math.isfinite(m) for m in magnitudes):
+                scales = [
+                    max(1.0, wide / (own or 1.0))
+                    for wide, own in zip(magnitudes, task, strict=False)
+                ]
+                where = (
+                    f"inputs scaled to reach |x| = {WIDE_MAGNITUDE:g}"
+                    f"{' with both signs' if signs else ''} (the task's reach {reach:.3g})"
+                )
+                return Extra(where, inputs, seed, expected, scales)
+        self.verify.note(
+            WIDE,
+            f"skipped: the reference's own outputs are not finite (or it fails) for inputs "
+            f"scaled to |x| up to {WIDE_MAGNITUDE:g}",
+        )
+        return None
+
+    def _other_set(self, init: list[Any]) -> Extra | None:
+        """An input set at other sizes (`other_size` of each module-level size constant
+        whose change leaves the model as it is: the workers hold the task's), its
+        expected outputs from the reference rewritten so; None, with the check's note,
+        where the sizes are no such constants or the reference does not run so."""
+        path = self.jobdir / "reference.py"
+        source = path.read_text()
+        task = size_constants(source)
+        if not task:
+            self.verify.note(
+                protocol.SHAPE_ONLY,
+                f"skipped: the task's sizes are no module-level integer constants "
+                f"(such as `batch_size = 256`, at least {MIN_SIZE}) that could be changed",
+            )
+            return None
+        usable = [name for name in task if self._same_model(source, path, {name: task[name]}, init)]
+        tries = [usable] + ([[name] for name in usable[:OTHER_SINGLES]] if len(usable) > 1 else [])
+        for names in tries:
+            sizes = {name: other_size(task[name]) for name in names}
+            extra = self._other_try(source, path, sizes, task, init)
+            if extra is not None:
+                return extra
+        why = (
+            "the reference fails, or is not finite, at other sizes"
+            if usable
+            else "changing any of them changes the model's parameters or init arguments"
+        )
+        constants = ", ".join(f"{name}={value}" for name, value in task.items())
+        self.verify.note(protocol.SHAPE_ONLY, f"skipped: {why} (constants: {constants})")
+        return None
+
+    def _rewritten_model(
+        self, source: str, path: Path, sizes: dict[str, int], init: list[Any]
+    ) -> tuple[types.ModuleType, torch.nn.Module] | None:
+        """The reference imported with `sizes`, and its model, where that model is the
+        task's (the same init arguments and parameters): else None."""
+        try:
+            module = rewritten(source, path, sizes)
+            torch.manual_seed(self.init_seed)
+            if not equal_values(init, list(module.get_init_inputs())):
+                return None
+            model = self._model(init, module)
+        except Exception:
+            return None
+        mine, theirs = self.model.state_dict(), model.state_dict()
+        if mine.keys() != theirs.keys() or not all(
+            identical(mine[key].cpu(), theirs[key].cpu()) for key in mine
+        ):
+            return None
+        return module, model
+
+    def _same_model(self, source: str, path: Path, sizes: dict[str, int], init: list[Any]) -> bool:
+        changed = {name: other_size(value) for name, value in sizes.items()}
+        return self._rewritten_model(source, path, changed, init) is not None
+
+    def _other_try(
+        self,
+        source: str,
+        path: Path,
+        sizes: dict[str, int],
+        task: dict[str, int],
+        init: list[Any],
+    ) -> Extra | None:
+        made = self._rewritten_model(source, path, sizes, init)
+        if made is None:
+            return None
+        module, model = made
+        try:
+            torch.manual_seed(_rng.randrange(2**63))
+            inputs = list(module.get_inputs())
+            seed = _rng.randrange(2**63)
+            expected = self._run_model(model, inputs, seed)
+        except Exception:
+            return None
+        shapes = [tuple(x.shape) for x in inputs if isinstance(x, torch.Tensor)]
+        if shapes == [tuple(x.shape) for x in self.sets[0] if isinstance(x, torch.Tensor)]:
+            return None  # the constants do not size the inputs
+        if not all(math.isfinite(magnitude(out)) for out in expected):
+            return None
+        where = f"at sizes {describe_sizes(sizes, task)}"
+        return Extra(where, inputs, seed, expected, [1.0] * len(expected))
 
     def _float64(self, model: torch.nn.Module) -> torch.nn.Module | None:
         """The reference in float64 (None when it cannot run so)."""
@@ -419,6 +585,7 @@ class Judge:
         seed: int,
         phase: str = "time",
         policed: bool = False,
+        probe: bool = False,
     ) -> Call:
         """Run one call on `side` (seeded with `seed` before its forward), timed by this
         process's clock; the side is left stopped, its outputs in its `out.bin`. A
@@ -440,6 +607,8 @@ class Judge:
             "seed": seed,
             "canary": canary,
         }
+        if probe:  # the worker reports the forward's exception as a mismatch and lives on
+            command["probe"] = True
         side.tracked()
         members = list(side.child.frozen)
         cpu = self.device.type == "cpu"  # on a GPU the device's time counts, and the
@@ -521,6 +690,7 @@ class Judge:
     # verification ---------------------------------------------------------------------
     def verify_all(self) -> None:
         side = self.sides["candidate"]
+        first: Outputs | None = None
         for index, inputs in enumerate(self.sets):
             limit = self.job.verify_s
             made = self.call(
@@ -530,9 +700,114 @@ class Judge:
                 self.verify.fail("output.shape", f"input set {index + 1}", made.mismatch)
                 continue
             got = self.outputs(side, self.out_items[index])
+            first = got if index == 0 else first
             wrong = self._judge_set(index, got, self.inputs_after(side, inputs))
             if wrong:
                 self._late(index, wrong, self._late_outputs(side, index, limit))
+        if self.verify.failures or first is None:  # judged already: no time spent beyond
+            for name in (WIDE, DETERMINISTIC, protocol.SHAPE_ONLY):
+                self.verify.note(name, "not run: the task's own input sets failed")
+            return
+        self._verify_wide(side)
+        self._verify_deterministic(side, first)
+        self._verify_other(side)
+
+    def _extra_call(self, side: Side, extra: Extra, probe: bool = False) -> Outputs | str:
+        """Run `extra` on `side`: its outputs, or why they do not fit (a mismatch)."""
+        limit = self.job.verify_s
+        made = self.call(
+            side, extra.inputs, extra.out_items, limit, extra.seed, "verify", probe=probe
+        )
+        if made.mismatch:
+            return made.mismatch
+        return self.outputs(side, extra.out_items)
+
+    def _extra_wrong(self, side: Side, extra: Extra, got: Outputs) -> str:
+        """Why `got` is not `extra`'s answer ('' when it is); a modified input is the
+        same failure as at the task's inputs."""
+        after = self.inputs_after(side, extra.inputs)
+        for number, (before, now) in enumerate(zip(extra.inputs, after, strict=True)):
+            if isinstance(before, torch.Tensor) and not _same(before, now):
+                self.verify.fail(
+                    "output.inputs_unchanged", extra.where, f"input {number} was modified"
+                )
+        for number, (out, ref, scale) in enumerate(
+            zip(got, extra.expected, extra.scales, strict=True)
+        ):
+            ok, detail = close(out, ref, scale)
+            if not ok:
+                if out.is_floating_point() and not bool(torch.isfinite(out).all()):
+                    detail = f"{int((~torch.isfinite(out)).sum())} NaN/Inf values"
+                return f"output {number}: {detail}"
+        return ""
+
+    def _verify_wide(self, side: Side) -> None:
+        """The task's shape with wide values (`_wide_set`): wrong there is `incorrect`."""
+        extra = self.wide
+        if extra is None:
+            return
+        got = self._extra_call(side, extra)
+        wrong = got if isinstance(got, str) else self._extra_wrong(side, extra, got)
+        if wrong:
+            self.verify.fail(WIDE, extra.where, f"wrong for wide values: {wrong}")
+        self.verify.note(WIDE, f"right for {extra.where}")
+
+    def _verify_deterministic(self, side: Side, first: Outputs) -> None:
+        """The first input set again (after other inputs: what a call leaves in freed
+        memory has changed), its outputs bit for bit the first call's."""
+        where = "input set 1, run twice"
+        limit = self.job.verify_s
+        made = self.call(side, self.sets[0], self.out_items[0], limit, self.seeds[0], "verify")
+        if made.mismatch:
+            self.verify.fail(DETERMINISTIC, where, f"the second call returned {made.mismatch}")
+            return
+        again = self.outputs(side, self.out_items[0])
+        differ = [
+            n for n, (a, b) in enumerate(zip(first, again, strict=True)) if not identical(a, b)
+        ]
+        if not differ:
+            self.verify.note(DETERMINISTIC, "bit-identical outputs from two calls on input set 1")
+            return
+        if not self._reference_deterministic():
+            self.verify.note(
+                DETERMINISTIC, "skipped: the reference itself is not bit-identical run to run"
+            )
+            return
+        a, b = first[differ[0]], again[differ[0]]
+        count = int((a.reshape(-1).view(torch.uint8) != b.reshape(-1).view(torch.uint8)).sum())
+        self.verify.fail(
+            DETERMINISTIC,
+            where,
+            f"output {differ[0]} differs between two calls on the same inputs ({count} bytes "
+            "of it): uninitialised memory read, or state kept between calls",
+        )
+
+    def _reference_deterministic(self) -> bool:
+        """Whether the reference gives input set 1's expected outputs again, bit for bit
+        (asked only when a candidate's do not: a non-deterministic op excuses it)."""
+        again = self._run_model(self.model, self.sets[0], self.seeds[0])
+        return all(identical(a, b) for a, b in zip(again, self.expected[0], strict=True))
+
+    def _verify_other(self, side: Side) -> None:
+        """Another shape (`_other_set`): wrong or refused there flags the verdict
+        (`protocol.SHAPE_ONLY`), it does not fail it; a crash or a hang there ends the
+        evaluation as anywhere, saying where."""
+        extra = self.other
+        if extra is None:
+            return
+        try:
+            got = self._extra_call(side, extra, probe=True)
+        except Stop as stop:
+            message = f"{extra.where} (the task's own sizes passed): {stop.message}"
+            raise Stop(stop.kind, message[:1200], stop.log, stop.line) from None
+        wrong = got if isinstance(got, str) else self._extra_wrong(side, extra, got)
+        if wrong:
+            self.verify.fail(
+                protocol.SHAPE_ONLY,
+                "another shape",
+                f"correct at the task's shape only: wrong {extra.where}: {wrong}",
+            )
+        self.verify.note(protocol.SHAPE_ONLY, f"right {extra.where}")
 
     def _late_outputs(self, side: Side, index: int, limit: float) -> Outputs:
         """Input set `index`'s outputs again, after the worker ran on LATE_CHECK_S: a

@@ -26,6 +26,11 @@ VERIFY = "verify"
 TIME = "time"
 SIZE = "size"  # any number of times before JOB: the problem's sizes (`Sized`), made nothing
 
+# A check whose failure flags a correct verdict instead of failing it: the candidate is
+# right at the task's shape but wrong (or refuses) at another (`Verdict.shape_only`).
+SHAPE_ONLY = "verify.other_shape"
+FLAGS = frozenset({SHAPE_ONLY})
+
 
 @dataclass(frozen=True)
 class Sized:

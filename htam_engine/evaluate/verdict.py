@@ -159,6 +159,9 @@ class Verdict:
     # kept for the next evaluation of it ("kept"), by side (`candidate`, `incumbent`):
     # `evaluate.builds`, under bwrap only.
     builds: dict[str, str] = field(default_factory=dict)
+    # Correct at the task's shape but wrong (or refused) at another with odd sizes (the
+    # failed check `verify.other_shape` says which): no plain win to apply anywhere.
+    shape_only: bool = False
 
     @property
     def error_kind(self) -> ErrorKind | None:

@@ -216,15 +216,24 @@ class Harness:
             torch.ops.aten.frac(self.canary)
         self._sync()
         self.emit(event="staged", k=command["k"], t=time.perf_counter())
+        raised = ""
         with torch.no_grad():
             _WATCH.set()
             sys.setprofile(_library_probe)
-            result = self.model(*inputs)
-            sys.setprofile(None)
-            _WATCH.clear()
+            try:
+                result = self.model(*inputs)
+            except Exception as error:
+                # a probe (the judge's other shape, verification only): a candidate
+                # that refuses it says so and stays loaded; else its error ends it
+                if not command.get("probe"):
+                    raise
+                result, raised = None, f"raised {type(error).__name__}: {error}"[:300]
+            finally:
+                sys.setprofile(None)
+                _WATCH.clear()
             self._sync()
             self.emit(event="done", k=command["k"], t=time.perf_counter())
-            mismatch = self._store(result, command["out"], out, inputs)
+            mismatch = raised or self._store(result, command["out"], out, inputs)
         self.emit(event="stored", k=command["k"], mismatch=mismatch)
 
     def _seed(self, seed: Any) -> None:

@@ -276,9 +276,11 @@ def step_line(step: Step) -> str:
 
 
 def failure_note(verdict: Verdict) -> str:
-    """What a failed or refused verdict says, for the memory's evidence ("" if correct)."""
+    """What a failed or refused verdict says, for the memory's evidence ("" if correct at
+    every size; a kernel right at the task's shape only says where it is wrong)."""
     if verdict.correct:
-        return ""
+        flagged = [c.detail for c in verdict.checks if not c.passed and verdict.shape_only]
+        return "; ".join(flagged)[:ERROR_CHARS]
     error = verdict.error
     failed = [f"{c.name}: {c.detail}" for c in verdict.checks if not c.passed][:2]
     head = f"{error.kind.value}: {error.message} {error.excerpt}".strip() if error else ""
