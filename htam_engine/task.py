@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from htam_engine.errors import UserError
+from htam_engine.literals import int_literal
 from htam_engine.parsing import parse, triton_source
 from htam_engine.vocabulary import TORCH_OP_GROUPS, Backend, Kind, kind_of
 
@@ -192,20 +193,6 @@ def with_policy(task: Task, allow_torch: str | None = None, scale: float | None 
     return task
 
 
-def _int_value(node: ast.expr) -> int | None:
-    """The value of an integer expression of literals (`2048 * 2`), else None."""
-    if isinstance(node, ast.Constant):
-        return node.value if type(node.value) is int else None
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult):
-        left, right = _int_value(node.left), _int_value(node.right)
-        if left is None or right is None:
-            return None
-        if isinstance(node.op, ast.Add):
-            return left + right
-        return left - right if isinstance(node.op, ast.Sub) else left * right
-    return None
-
-
 def scale_reference(source: str, factor: float) -> tuple[str, tuple[tuple[str, int, int], ...]]:
     """The reference with each module-level `SIZE = <int>` of `SCALED_SIZES` multiplied
     by `factor` (at least 1), and what changed."""
@@ -216,7 +203,7 @@ def scale_reference(source: str, factor: float) -> tuple[str, tuple[tuple[str, i
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
         target = node.targets[0]
-        value = _int_value(node.value)
+        value = int_literal(node.value)
         if not isinstance(target, ast.Name) or target.id not in SCALED_SIZES or value is None:
             continue
         if node.lineno != node.end_lineno:

@@ -42,8 +42,8 @@ BUSY_TIMEOUT_S = 30.0
 
 
 IMPORTED = (
-    "database", "digest", "errors", "formatting", "kernels", "machine", "paths", "placement",
-    "procs", "roofline", "stats", "task", "triton_backend", "vocabulary",
+    "database", "digest", "errors", "formatting", "kernels", "literals", "machine", "paths",
+    "placement", "procs", "roofline", "stats", "task", "triton_backend", "vocabulary",
 )  # fmt: skip  # HTAM's modules that the evaluator imports (`evaluator_files`)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from htam_engine.evaluate import common
+from htam_engine.literals import int_literal
 
 WIDE = "verify.wide_values"
 DETERMINISTIC = "verify.deterministic"
@@ -92,20 +93,6 @@ def equal_values(a: list[Any], b: list[Any]) -> bool:
     return True
 
 
-def _literal_int(node: ast.expr) -> int | None:
-    """The value of an integer expression of literals (`2048 * 2`), else None."""
-    if isinstance(node, ast.Constant):
-        return node.value if type(node.value) is int else None
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult):
-        left, right = _literal_int(node.left), _literal_int(node.right)
-        if left is None or right is None:
-            return None
-        if isinstance(node.op, ast.Add):
-            return left + right
-        return left - right if isinstance(node.op, ast.Sub) else left * right
-    return None
-
-
 def _constant(node: ast.stmt) -> tuple[str, ast.expr] | None:
     """`NAME = value` (or `NAME: int = value`) at module level: the name and value."""
     if isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -123,7 +110,7 @@ def size_constants(source: str) -> dict[str, int]:
     found: dict[str, int] = {}
     for node in ast.parse(source).body:
         named = _constant(node)
-        value = _literal_int(named[1]) if named else None
+        value = int_literal(named[1]) if named else None
         if named:  # the last assignment counts
             found.pop(named[0], None)
             if value is not None and value >= MIN_SIZE:
