@@ -323,7 +323,9 @@ class Optimizer:
         # an LLM that did not answer says nothing about the strategy: nothing is learned
         llm_down = made.note.startswith(LLM_FAILED)
         verdict = made.verdict if made.code is not None and made.verdict else Verdict()
-        reward = 0.0 if llm_down else self.learn(decision, status, verdict, speedup,
+        # a number the load disturbed is evidence only where paired duels settled it
+        evidence = speedup if versus_best is not None or not verdict.noisy else None
+        reward = 0.0 if llm_down else self.learn(decision, status, verdict, evidence,
                                                  made.code, made.note)  # fmt: skip
         record = Step(
             step=number,

@@ -121,8 +121,8 @@ class Referee:
             return Status.NOT_IMPROVED, None
         best = self.best.ref_speedup
         ratio = verdict.speedup / best if best is not None and verdict.speedup else None
-        if not usable_as_baseline(verdict):  # suspect even when re-timed: never a new best
-            return Status.NOT_IMPROVED, ratio
+        if not usable_as_baseline(verdict):  # suspect even when re-timed: never a new best,
+            return Status.NOT_IMPROVED, None  # and its number is no evidence
         return self.judge(ratio), ratio
 
     def decide(

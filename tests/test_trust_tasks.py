@@ -74,14 +74,19 @@ def test_the_sandboxs_own_processes_do_not_count_as_the_candidates_threads() -> 
     bwrap, worker = 100, 200
     before = tasks.Snapshot({}, {}, {})
     after = tasks.Snapshot(
-        {bwrap: (700_000, frozenset({1})), worker: (2_800_000, frozenset({1}))},
+        {
+            bwrap: tasks.Books(700_000, 0, frozenset({1})),
+            worker: tasks.Books(2_800_000, 0, frozenset({1})),
+        },
         {bwrap: 700_000, worker: 2_800_000},
         {bwrap: bwrap, worker: worker},
     )
     calm = tasks.observe(before, after, core=1, wall_s=0.003, sandbox=frozenset({bwrap}))
     assert calm.running == 1 and not calm.widened
     assert tasks.observe(before, after, core=1, wall_s=0.003).running == 2
-    wide = tasks.Snapshot({**after.tasks, bwrap: (0, frozenset({0, 1}))}, {}, after.owners)
+    wide = tasks.Snapshot(
+        {**after.tasks, bwrap: tasks.Books(0, 0, frozenset({0, 1}))}, {}, after.owners
+    )
     assert tasks.observe(before, wide, core=1, wall_s=0.003, sandbox=frozenset({bwrap})).widened
 
 
@@ -93,10 +98,47 @@ def test_a_count_seen_only_in_the_busiest_tenth_of_the_calls_is_tolerated() -> N
     assert tasks.threads_seen([]) == 0
 
 
+def test_a_task_held_up_in_a_call_counts_by_its_demand_and_says_so() -> None:
+    """A woken thread queued behind a neighbour ran nothing and still counts for that call
+    (a spinner on the pinned core may only queue): the names say which it was."""
+    main, woken = 200, 201
+    before = tasks.Snapshot({woken: tasks.Books(1_000_000, 0, frozenset({1}))}, {}, {})
+    after = tasks.Snapshot(
+        {
+            main: tasks.Books(50_000_000, 0, frozenset({1})),
+            woken: tasks.Books(1_100_000, 4_700_000, frozenset({1})),
+        },
+        {},
+        {main: main, woken: main},
+    )
+    seen = tasks.observe(before, after, core=1, wall_s=0.055)
+    assert seen.running == 2
+    assert any("ran 0.1 ms, queued 4.7 ms" in name for name in seen.names), seen.names
+
+
+def test_over_the_policy_in_most_calls_is_a_task_of_its_own() -> None:
+    assert tasks.over_policy([1, 2, 1, 1, 2, 1], allowed=1) == ([1, 4], False)
+    assert tasks.over_policy([2, 2, 1, 2], allowed=1) == ([0, 1, 3], True)
+    assert tasks.over_policy([2, 1], allowed=1) == ([0], False)  # half is not most
+    assert tasks.over_policy([], allowed=1) == ([], False)
+
+
 def test_a_helper_working_in_one_call_in_thirteen_is_not_past_the_policy(htam_home):
     verdict = measure(CANDIDATES / "honest" / "rare_helper.py", allow_torch=("softmax", "_softmax"))
     assert verdict.correct and verdict.error is None, verdict.error
     assert verdict.spread["threads_seen"] == timing_threads()
+    assert verdict.spread["disturbed_share"] > 0, "its calls were not left out"
+
+
+def test_a_helper_in_a_third_of_the_calls_disturbs_the_timing_and_is_not_cheating(htam_home):
+    """As a thread of the harness held up under load looks: its pairs are left out, and
+    so many left out make the verdict noisy, never `cheating`."""
+    path = CANDIDATES / "honest" / "rare_helper.py"
+    source = path.read_text().replace("EVERY = 13", "EVERY = 3")
+    verdict = measure(path, source, allow_torch=("softmax", "_softmax"))
+    assert verdict.correct and verdict.error is None, verdict.error
+    assert verdict.spread["disturbed_share"] > tasks.TOLERATED_SHARE
+    assert verdict.noisy
 
 
 def test_ancestors_walk_up_to_init() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from htam_engine import machine, roofline, stats, triton_backend
-from htam_engine.evaluate import builds, cache, excerpt, protocol, sandbox, standby
+from htam_engine.evaluate import builds, cache, excerpt, protocol, sandbox, standby, tasks
 from htam_engine.evaluate.jobfolder import Started
 from htam_engine.evaluate.jobspec import Asked, Conditions, JobSpec
 from htam_engine.evaluate.nvcc import ARCH, cuda_source, nvcc_check
@@ -596,8 +596,11 @@ def _record_conditions(
     if decided and decide is not None:
         verdict.spread["decided_at"] = decide
     verdict.converged = narrow or decided
-    # No convergence, or more runnable work than cores besides this timing: noisy.
-    verdict.noisy = not verdict.converged or max(load["before"], load["after"]) > cores
+    # No convergence, more runnable work than cores besides this timing, or more than a
+    # tenth of the pairs left out (`tasks.over_policy`, disturbed): noisy.
+    disturbed = verdict.spread.get("disturbed_share", 0.0) > tasks.TOLERATED_SHARE
+    busy = max(load["before"], load["after"]) > cores
+    verdict.noisy = not verdict.converged or busy or disturbed
 
 
 def _decided(verdict: Verdict, decide: float | None) -> int:
