@@ -58,6 +58,7 @@ def test_the_sandbox_is_bubblewrap_where_bwrap_is_installed():
         ("numpy_work", "not_custom_kernel", "runtime.library"),
         ("dispatch_off", "not_custom_kernel", "runtime.torch_ops"),
         ("fp16_exp", "cheating", "precision.float64"),
+        ("output_buffer", "cheating", "runtime.output_buffer"),
     ],
 )
 def test_adversarial_candidate_is_rejected_by_its_check(name, kind, check):

@@ -206,7 +206,7 @@ _WORKER_FAILURES = frozenset(
 )
 # the kinds a reference worker's failure keeps (any other is a `reference_error`)
 _KEPT_FROM_REFERENCE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CHEATING})
-_FLOOR_MS = 1e-6
+FLOOR_SHARE = 0.5  # of the harness's own work per call: no call is charged less (`samples`)
 
 
 @dataclass(frozen=True)
@@ -231,25 +231,27 @@ class Call:
 def samples(
     calls: dict[str, list[Call]], trusted_marks: bool = True
 ) -> tuple[list[float], list[float], float]:
-    """Milliseconds per timed call, each call's time less what neighbours took (the
-    share of its wall time they held, `own_ms / wall_ms`).
+    """Milliseconds per timed call on each side: its whole call by this process's clock
+    less what neighbours took (`own_ms`). The harness's work (staging, copying the
+    outputs out, waking up) is the same on both sides and inside both times: nothing
+    measured on one side is taken off the other, so a candidate that skips harness work
+    gains nothing it is not seen to gain.
 
-    The reference is charged its marked kernel time so scaled; the harness's share of a
-    call (staging, copying the outputs out, waking up) is the median over the reference's
-    calls of the rest, and the candidate is charged its own time less that share: work
-    it defers past `done` is still counted. When the reference side's marks are not to
-    be believed (it holds another candidate) both are charged their own time."""
+    The third value is the harness's share of a call, told from the reference's own
+    marks (the median over its calls of the rest; 0 when its marks are not to be
+    believed: it holds another candidate). No call can cost less than that work: one
+    whose own time is below `FLOOR_SHARE` of it was charged a neighbour's time that was
+    not, and is charged its whole wall time."""
     reference = calls["reference"]
-    if not (reference and trusted_marks):
-        share, kernel = 0.0, [c.own_ms for c in reference]
-    else:
-        kernel = [c.marked_ms * c.own_ms / c.wall_ms for c in reference]
-        share = statistics.median(c.own_ms - k for c, k in zip(reference, kernel, strict=True))
-    return (
-        [max(k, _FLOOR_MS) for k in kernel],
-        [max(c.own_ms - share, _FLOOR_MS) for c in calls["candidate"]],
-        share,
-    )
+    harness = 0.0
+    if reference and trusted_marks:
+        harness = statistics.median(c.own_ms * (1 - c.marked_ms / c.wall_ms) for c in reference)
+    floor = FLOOR_SHARE * max(harness, 0.0)
+
+    def charged(made: list[Call]) -> list[float]:
+        return [c.own_ms if c.own_ms >= floor else c.wall_ms for c in made]
+
+    return charged(reference), charged(calls["candidate"]), max(harness, 0.0)
 
 
 def accounting_summary(calls: dict[str, list[Call]]) -> dict[str, float]:
@@ -659,22 +661,28 @@ class Judge:
             self.timing.fail("timing.threads", where, f"affinity widened to cores {ran.cores}")
             pin(side.child, side.core)  # pinned again: the reference is not slowed by it
 
-    def _thread_policy(self) -> None:
-        """No more tasks ran than the policy's threads, past the tenth of a side's timed
-        calls that `tasks.threads_seen` tolerates (whose books a hypervisor can skew)."""
-        allowed = self.job.threads
+    def _thread_policy(self) -> set[int]:
+        """The thread policy over a timing's calls (`tasks.over_policy`): a side over it in
+        most of its timed calls ran a task of its own beside them (`timing.threads`); the
+        calls over it in fewer were disturbed (by the load, or by a helper now and then)
+        and their pairs are left out of the timing. Returns those pairs' indices."""
+        allowed, disturbed = self.job.threads, set()
         for seen in self.running.values():
-            running = tasks.threads_seen([ran.running for _, ran in seen])
-            self.observed["threads"] = max(self.observed.get("threads", 0), running)
-            over = [(where, ran) for where, ran in seen if ran.running > allowed]
-            if running > allowed:
-                where, ran = over[0]
+            counts = [ran.running for _, ran in seen]
+            self.observed["threads"] = max(
+                self.observed.get("threads", 0), tasks.threads_seen(counts)
+            )
+            over, most = tasks.over_policy(counts, allowed)
+            if most:
+                where, ran = seen[over[0]]
                 self.timing.fail(
                     "timing.threads",
                     where,
                     f"{ran.running} tasks ran (policy: {allowed}; over it in {len(over)} of "
                     f"{len(seen)} calls): {', '.join(ran.names)}",
                 )
+            disturbed.update(over)
+        return disturbed
 
     def outputs(self, side: Side, out_items: list[dict]) -> Outputs:
         return _read(side, side.outfile, out_items)
@@ -933,13 +941,20 @@ class Judge:
                     self._judge_precision(k, inputs, seed, got)
             if final:
                 break
-        self._thread_policy()
+        disturbed = self._thread_policy()
         self.accounting = {
             **accounting_summary(calls),
             **{f"{name}_seen": float(count) for name, count in self.observed.items()},
             "warmup_pairs": float(len(warm["reference"])),
+            "disturbed_share": len(disturbed) / max(len(calls["candidate"]), 1),
         }
-        return samples(calls, trusted_marks=not self.compare)
+        kept = {
+            role: [c for index, c in enumerate(made) if index not in disturbed]
+            for role, made in calls.items()
+        }
+        if len(kept["candidate"]) < MIN_TRIALS:  # too few left: all of them, noisy
+            kept = calls
+        return samples(kept, trusted_marks=not self.compare)
 
     @staticmethod
     def _warming(warm: dict[str, list[Call]], started: float) -> bool:

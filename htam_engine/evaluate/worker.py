@@ -138,6 +138,7 @@ class Harness:
         self.profiler = profile(use_cpu=True)  # replaced by a running one at load
         self.types: set[str] = set()
         self.aliased = False
+        self.into_buffer = False  # an output was the harness's own output buffer
         self.last: list[torch.Tensor] = []
         self.maps: dict[str, torch.Tensor] = {}
         self.flush = common.l2_flush_buffer(self.device)
@@ -204,11 +205,9 @@ class Harness:
         """Run the model once on the inputs in `in.bin`, marking `staged` (inputs ready),
         `done` (the model returned, with this process's clock: the judge may not get a
         core while the model runs) and `stored` (outputs copied out). The judge's clock
-        runs from before this process was let go to `stored`; only the reference's marks
-        are believed, to tell its kernel time from the harness's share, and the
-        candidate is charged its whole time less that share."""
+        runs from before this process was let go to `stored`, on both sides alike; only
+        the reference's marks are believed, to tell the harness's share of a call."""
         inputs = self._inputs(command["inputs"], command["in_size"])
-        out = self._map("out.bin", max(command["out_size"], 1))
         if self.flush is not None:
             self.flush.zero_()
         self._seed(command.get("seed"))
@@ -233,6 +232,7 @@ class Harness:
                 _WATCH.clear()
             self._sync()
             self.emit(event="done", k=command["k"], t=time.perf_counter())
+            out = self._map("out.bin", max(command["out_size"], 1))
             mismatch = raised or self._store(result, command["out"], out, inputs)
         self.emit(event="stored", k=command["k"], mismatch=mismatch)
 
@@ -270,6 +270,7 @@ class Harness:
                 isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == pointer
                 for x in inputs
             )
+            self.into_buffer |= _overlaps(plain, out)
             common.tensor_view(out, item).copy_(plain)
             self.last.append(plain)
         self._sync()
@@ -334,7 +335,22 @@ class Harness:
             common.check(
                 "runtime.aliasing", not self.aliased, "an output shares memory with an input"
             ),
+            common.check(
+                "runtime.output_buffer",
+                not self.into_buffer,
+                "an output is the harness's own output buffer (its copy out skipped)",
+            ),
         ]
+
+
+def _overlaps(value: torch.Tensor, buffer: torch.Tensor) -> bool:
+    """Whether `value`'s storage shares bytes with `buffer`: the buffer is reachable from
+    Python while the model runs (through `gc`, whatever the harness holds), so an output
+    written straight into it is refused rather than its skipped copy counted as speed."""
+    storage = value.untyped_storage()
+    start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    low = buffer.untyped_storage().data_ptr()
+    return start < low + buffer.untyped_storage().nbytes() and low < end
 
 
 def _compiled(model: Any, module: Any, box: Path, device: torch.device) -> Any:
