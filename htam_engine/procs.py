@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import time
 from pathlib import Path
 
 
@@ -51,3 +54,30 @@ def descendants(pid: int) -> list[int]:
         found.append(current)
         todo.extend(children.get(current, []))
     return found
+
+
+def naming(text: str) -> list[int]:
+    """Live processes (zombies and this one left out) whose command line holds `text`."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            named = text.encode() in Path(entry.path, "cmdline").read_bytes()
+            if named and stat_fields(f"{entry.path}/stat")[0] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue  # the process ended while we looked
+    return found
+
+
+def kill_naming(text: str, limit_s: float = 2.0) -> None:
+    """SIGKILL every process whose command line names `text` (a job's folder: its
+    sandboxes, workers and what they forked, wherever they were reparented; the init
+    of a sandbox's PID namespace ignores any other signal), again until none is left."""
+    deadline = time.monotonic() + limit_s
+    while (pids := naming(text)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)

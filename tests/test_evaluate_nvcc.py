@@ -15,7 +15,7 @@ from helpers.candidates import MODES, sandboxed
 
 from htam_engine.evaluate import evaluate
 from htam_engine.evaluate.excerpt import MAX_LOG, first_error, line_from_log, own_lines
-from htam_engine.evaluate.nvcc import cuda_source, nvcc_check
+from htam_engine.evaluate.nvcc import RESIDENT_MB, cuda_source, nvcc_check
 from htam_engine.machine import gpu_present
 from htam_engine.task import load_task
 
@@ -90,6 +90,7 @@ def test_including_dev_zero_is_stopped_by_the_memory_cap_not_the_clock():
     assert checked.status == "rejected", checked.log
     assert time.monotonic() - started < 200
     assert len(checked.log) <= MAX_LOG
+    assert f"held over {RESIDENT_MB} MB" in checked.log  # all its processes together
 
 
 def test_own_lines_drop_what_a_compiler_quotes_from_other_files():
@@ -153,7 +154,8 @@ def test_nvcc_and_its_children_die_with_htam_eval(mode, signum, monkeypatch, fak
         caller = subprocess.Popen([*command, "--device", "cpu", "--json"], env=dict(os.environ))
         try:
             deadline = time.monotonic() + 60
-            while len(_mentioning(f"-{token}")) < 2 and time.monotonic() < deadline:
+            # `setsid` forks on its way to the stand-in cicc: three for a moment, then two
+            while len(_mentioning(f"-{token}")) != 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert len(_mentioning(f"-{token}")) == 2, "the stand-in nvcc did not start"
             caller.send_signal(signum)

@@ -2,6 +2,7 @@
 leaves no process and no job folder, and a stopped worker really stops."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.candidates import sandboxed
 
-from htam_engine.evaluate import Limits
+from htam_engine.evaluate import Limits, reaper
 from htam_engine.evaluate.jobfolder import clean_stale_jobs
 from htam_engine.evaluate.process import Child, freeze, thaw
 from htam_engine.evaluate.runner import run_candidate
@@ -54,6 +56,17 @@ def test_a_setsid_daemon_does_not_outlive_the_evaluation(htam_home):
     assert verdict.correct, verdict.error
     assert wait_until(lambda: not processes_mentioning(str(htam_home)), 5)
     assert not any((htam_home / "jobs").iterdir())
+
+
+def test_a_chain_of_forks_does_not_outlive_the_evaluation(htam_home, monkeypatch):
+    """Without the PID namespace bwrap gives (its death takes every process in it)."""
+    path = FIXTURES / "candidates" / "adversarial" / "fork_chain.py"
+    verdict = Verdict(device="cpu", sandbox=sandbox_mode())
+    with sandboxed("none", monkeypatch):
+        run_candidate(load_task(path), path.read_text(), verdict, QUICK, threading.Event(), print)
+    assert wait_until(lambda: not processes_mentioning(str(htam_home)), 5), processes_mentioning(
+        str(htam_home)
+    )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
@@ -191,3 +204,38 @@ def test_the_timing_lock_is_machine_wide_not_per_htam_home():
         assert worker.is_alive()  # waiting for the lock this process holds
     worker.join(60)
     assert result and result[0].correct, result
+
+
+GROW = "import time\nheld = bytearray({mb} << 20)\ntime.sleep(0.3)"
+
+
+@pytest.mark.parametrize("forked", [False, True])
+def test_a_tree_past_its_resident_cap_is_stopped_whole(forked):
+    """The reaper holds a command's whole tree to its memory cap together: one process,
+    or two that each stay under the cap (an address-space cap is per process)."""
+    grow = GROW.format(mb=120)
+    code = f"import os\nos.fork()\n{grow}" if forked else GROW.format(mb=240)
+    argv = [sys.executable, "-I", "-S", reaper.__file__, "64", "200", "--", sys.executable, "-c"]
+    assert subprocess.run([*argv, code], timeout=60).returncode == reaper.OVER_MEMORY
+    assert subprocess.run([*argv, GROW.format(mb=50)], timeout=60).returncode == 0
+
+
+def test_a_sandbox_whose_reaper_is_gone_dies_with_its_job_folder(tmp_path):
+    """A bwrap left waiting in its PID namespace with parent 1 ignores SIGTERM (the
+    namespace's init): the job's end kills whatever names its folder."""
+    from htam_engine import procs
+
+    box = tmp_path / "job-xyz" / "candidate"
+    box.mkdir(parents=True)
+    argv = [sys.executable, "-c", "import time; time.sleep(600)", str(box)]
+    if shutil.which("bwrap"):
+        argv = ["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "--bind", str(box), str(box)]
+        argv += ["--", sys.executable, "-c", "import time; time.sleep(600)", str(box)]
+    left = subprocess.Popen(argv, start_new_session=True)
+    try:
+        assert wait_until(lambda: procs.naming(str(box)), 10)
+        procs.kill_naming(str(box.parent))
+        assert not procs.naming(str(box.parent))
+    finally:
+        left.kill()
+        left.wait()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from htam_engine import machine
+from htam_engine import machine, procs
 from htam_engine.evaluate import protocol
 from htam_engine.evaluate.jobspec import ROLES, Conditions, JobSpec
 from htam_engine.evaluate.process import Child, python_module
@@ -71,6 +71,7 @@ class Started:
 
     def finish(self) -> None:
         self.judge.kill()
+        procs.kill_naming(str(self.jobdir))  # a sandbox its reaper's death left behind
         shutil.rmtree(self.jobdir, ignore_errors=True)
         os.close(self.owner)
         if self.give_back is not None:

@@ -24,13 +24,16 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from htam_engine.evaluate import excerpt, sandbox
+from htam_engine.evaluate import excerpt, reaper, sandbox
 
 ARCH = "sm_80"
 SOURCE_NAME = "kernel.cu"
-# cicc on the torch headers maps about 1 GB; a source that includes /dev/zero is stopped
-# here instead of growing until the limit.
+# Each of nvcc's processes may map up to MEMORY_MB (on the torch headers a kernel failed
+# to compile at 3072 and compiled at 4096: cicc reserves far more than it touches), and
+# all of them together hold at most RESIDENT_MB (cicc alone held 2.9 GB on a kernel that
+# includes torch/extension.h): a source that includes /dev/zero is stopped there.
 MEMORY_MB = 6144
+RESIDENT_MB = 4096
 
 
 # What `load_inline` puts before the CUDA sources it compiles (torch.utils.cpp_extension).
@@ -158,7 +161,9 @@ def _include_flags() -> list[str]:
     return flags
 
 
-def nvcc_check(source: str, timeout_s: float, memory_mb: int = MEMORY_MB) -> NvccResult:
+def nvcc_check(
+    source: str, timeout_s: float, memory_mb: int = MEMORY_MB, resident_mb: int = RESIDENT_MB
+) -> NvccResult:
     """`nvcc -arch=sm_80 -cubin` on `source` with the torch headers reachable, sandboxed."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -168,11 +173,17 @@ def nvcc_check(source: str, timeout_s: float, memory_mb: int = MEMORY_MB) -> Nvc
         (box / SOURCE_NAME).write_text(source)
         command = [nvcc, f"-arch={ARCH}", "-std=c++17", *_include_flags(), "-cubin", SOURCE_NAME]
         ran = sandbox.run(
-            [*command, "-o", "kernel.cubin"], box, timeout_s=timeout_s, memory_mb=memory_mb
+            [*command, "-o", "kernel.cubin"],
+            box,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            resident_mb=resident_mb,
         )
     finally:
         shutil.rmtree(box, ignore_errors=True)
     if ran.returncode is None:
         return NvccResult("timeout", f"nvcc ran over its limit of {timeout_s:g} s")
+    if ran.returncode == reaper.OVER_MEMORY:
+        return NvccResult("rejected", f"nvcc held over {resident_mb} MB (the cap): stopped")
     log = excerpt.own_lines(ran.output.replace(str(box / SOURCE_NAME), SOURCE_NAME), {SOURCE_NAME})
     return NvccResult("compiled" if ran.returncode == 0 else "rejected", log)

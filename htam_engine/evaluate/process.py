@@ -263,6 +263,12 @@ class Child:
                 ErrorKind.CRASH,
                 f"the {self.name} made over {cap} processes (the cap) during {phase}",
             )
+        if self.reaped and code == reaper.OVER_MEMORY:
+            return Stop(
+                ErrorKind.OOM,
+                f"the {self.name}'s processes held more memory together than its cap "
+                f"during {phase}",
+            )
         if code < 0:
             name = signal.Signals(-code).name
             if -code == signal.SIGKILL:

@@ -163,9 +163,10 @@ REAPER = str(Path(__file__).with_name("reaper.py"))
 _PR_SET_PDEATHSIG = 1
 
 
-def command(argv: list[str], box: Path, device: str) -> list[str]:
-    """`argv` as it runs in the sandbox of `box`, below its reaper."""
-    reaper = [sys.executable, "-I", "-S", REAPER, str(MAX_PROCESSES), "--"]
+def command(argv: list[str], box: Path, device: str, resident_mb: int = 0) -> list[str]:
+    """`argv` as it runs in the sandbox of `box`, below its reaper, its whole tree held
+    to `resident_mb` of memory together (0: no cap)."""
+    reaper = [sys.executable, "-I", "-S", REAPER, str(MAX_PROCESSES), str(resident_mb), "--"]
     if sandbox_mode() == "bwrap":
         return reaper + _bwrap_argv(box, device) + argv
     return reaper + argv
@@ -203,16 +204,19 @@ def run(
     *,
     timeout_s: float,
     memory_mb: int | None,
+    resident_mb: int = 0,
     device: str = "cpu",
     input_text: str = "",
     output_cap: int = 64 << 10,
 ) -> Ran:
     """Run `argv` once in the sandbox of `box` (its home, cwd and only writable folder)
     with `input_text` on stdin; stdout and stderr together, capped (the rest is read and
-    dropped). Killed with its whole tree at `timeout_s` or when this process dies."""
+    dropped). Killed with its whole tree at `timeout_s`, past `resident_mb` together
+    (`reaper.OVER_MEMORY`), or when this process dies; `memory_mb` caps each process's
+    address space."""
     (box / "tmp").mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        command(argv, box, device),
+        command(argv, box, device, resident_mb),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
