@@ -124,8 +124,18 @@ def test_work_hidden_in_the_workers_own_threads_is_still_charged() -> None:
     assert before is not None and after is not None
     waited_ms = (after.main_wait_ns - before.main_wait_ns) / 1e6
     assert waited_ms > 0.25 * WORK_S * 1e3, "the main thread waited while its helper ran"
+    helper_ms = (
+        after.tree_cpu_ns - before.tree_cpu_ns - after.main_cpu_ns + before.main_cpu_ns
+    ) / 1e6
+    assert helper_ms > 0.1 * WORK_S * 1e3, "its helper ran during the call"
     stolen = accounting.stolen_ms(before, after, wall_ms)
-    assert stolen is not None and stolen < 0.1 * WORK_S * 1e3, (stolen, waited_ms)
+    # what the main thread waited while its own helper ran is not taken off; what it
+    # waited for the machine's other work (a busy machine's neighbours) may be
+    assert stolen is not None and stolen <= max(0.0, waited_ms - helper_ms) + 1.0, (
+        stolen,
+        waited_ms,
+        helper_ms,
+    )
 
 
 def test_a_wait_counted_outside_the_call_takes_off_no_more_than_the_call_did_not_run() -> None:
