@@ -56,12 +56,14 @@ def format_interval(verdict: Verdict) -> str:
 
 
 def format_roofline(verdict: Verdict) -> str:
-    """A timed verdict's fraction of its roofline: "61 % memory"; "-" when not placed."""
+    """A timed verdict's fraction of its roofline: "61 % memory", "26 % exp" (special
+    functions bind); "-" when not placed."""
     light = verdict.roofline
     if not isinstance(light, Placement):
         return "-"
     flag = " faster than light" if light.faster_than_light else ""
-    return f"{100 * light.fraction:.0f} % {light.bound}{flag}"
+    bound = "exp" if light.bound == "special" else light.bound
+    return f"{100 * light.fraction:.0f} % {bound}{flag}"
 
 
 def format_compile(verdict: Verdict) -> str:

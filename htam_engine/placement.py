@@ -1,10 +1,10 @@
 """Where a timed verdict sits against this machine's limits: the verdict's `roofline`.
 
-A `Placement` (`roofline.place`: the task's bytes and FLOPs, the limits it is held to,
-what it achieved and the fraction of the roofline time), an `Unplaced` (a timed verdict
-that could not be placed, and why), or None (untimed, or placed by no one). On the wire
-(`to_json`/`from_json`) they are the dict the verdict always carried: the placement's
-keys, `{"why": ...}`, or `{}`.
+A `Placement` (`roofline.place`: the task's bytes, FLOPs and special functions, the
+limits it is held to, what it achieved and the fraction of the roofline time), an
+`Unplaced` (a timed verdict that could not be placed, and why), or None (untimed, or
+placed by no one). On the wire (`to_json`/`from_json`) they are the dict the verdict
+always carried: the placement's keys, `{"why": ...}`, or `{}`.
 Dependency-free: the verdict, and so the language server, imports it; `roofline` places.
 """
 
@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-Limiting = Literal["memory", "compute"]  # what sets the roofline time
+# what sets the roofline time: bytes, FLOPs, or special functions (exp, log, erf, tanh...)
+Limiting = Literal["memory", "compute", "special"]
 Where = Literal["core", "GPU"]  # one CPU thread (the timing policy), or the GPU
 
-# Keys written only when set: a placement without them reads back without them.
-_OPTIONAL = ("reference_fraction", "machine")
+# Keys written only when set: a placement without them (as older versions wrote it) reads
+# back without them.
+_OPTIONAL = ("reference_fraction", "machine", "special_ops", "special_gops")
 
 
 @dataclass(frozen=True)
@@ -30,13 +32,15 @@ class Placement:
     where: Where
     bandwidth_gbs: float  # the bandwidth it is held to (at its footprint)
     peak_gflops: float
-    roofline_ms: float  # max(bytes / bandwidth, flops / peak)
+    roofline_ms: float  # max(bytes / bandwidth, flops / peak, special ops / exp rate)
     achieved_gbs: float
     achieved_gflops: float
     fraction: float  # roofline time / measured time
     reference_fraction: float | None = None  # PyTorch's, when timed against it
     faster_than_light: bool = False  # even the interval's slow end beats the roofline
     machine: str | None = None  # the fingerprint of the limits it was placed on
+    special_ops: int | None = None  # counted special-function calls (exp-class)
+    special_gops: float | None = None  # the exp rate it is held to (None: not measured)
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -45,6 +49,7 @@ class Placement:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Placement:
         reference, machine = data.get("reference_fraction"), data.get("machine")
+        special, rate = data.get("special_ops"), data.get("special_gops")
         return cls(
             int(data["bytes"]),
             int(data["flops"]),
@@ -59,6 +64,8 @@ class Placement:
             float(reference) if reference is not None else None,
             bool(data.get("faster_than_light", False)),
             str(machine) if machine is not None else None,
+            int(special) if special is not None else None,
+            float(rate) if rate is not None else None,
         )
 
 

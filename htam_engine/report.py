@@ -84,9 +84,11 @@ def _light_lines(result: RunResult) -> list[str]:
     lines = []
     light = result.start_verdict.roofline if result.start_verdict else None
     if isinstance(light, Placement):
+        # a placement stored before special functions were counted has no count
+        special = "" if light.special_ops is None else f"{light.special_ops} special functions, "
         lines.append(
             f"- roofline ({light.where}, {light.bound}-bound: {light.bytes} bytes, "
-            f"{light.flops} FLOPs, at best {light.roofline_ms:.4g} ms): the start is "
+            f"{light.flops} FLOPs, {special}at best {light.roofline_ms:.4g} ms): the start is "
             f"{describe(light)}; PyTorch at {100 * (light.reference_fraction or 0):.0f} %"
         )
     timed = [

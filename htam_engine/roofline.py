@@ -6,11 +6,14 @@ best of copy, triad and memcpy) over working sets from cache-sized to far past t
 level cache, and the peak FP32 FLOP/s: the higher of torch's GEMM and a loop of
 independent FMA chains at the ISA's width (`FMA_SOURCE`; torch's GEMM can run far below
 the core's FMA peak: 81 of 240 GFLOP/s on an AVX-512 EPYC, where a register-tiled kernel
-reached 205), each with one thread and with all cores; on a GPU the device's copy
-bandwidth and GEMM peaks. And the task's minimal work (`Work`): the bytes that must move
-once (inputs, outputs, parameters) and the FLOPs
-`torch.utils.flop_counter.FlopCounterMode` counts on the reference (matmul-class ops
-only: elementwise work counts none, so the time derived is a lower bound). The judge
+reached 205), and the exps a second of a vectorized polynomial exp at the same width
+(`EXP_SOURCE`), each with one thread and with all cores; on a GPU the device's copy
+bandwidth and GEMM peaks, and its special function units' rate from its specifications
+(`sfu_gops`). And the task's minimal work (`Work`): the bytes that must move once (inputs,
+outputs, parameters), the FLOPs `torch.utils.flop_counter.FlopCounterMode` counts on the
+reference (matmul-class ops only: elementwise arithmetic counts none), and its special
+functions (`special_ops`: one per output element of an exp, log, erf, tanh, sigmoid,
+sin...; softmax counts its exps), so the time derived is a lower bound. The judge
 counts the work on the forward it runs anyway; the limits (and a work the judge could
 not count) come from a trusted child (`python -m htam_engine.roofline measure|work`):
 the caller imports no torch.
@@ -18,7 +21,10 @@ the caller imports no torch.
 `place` puts a timed verdict on the roofline under the timing policy (one thread): the
 bandwidth the bound uses is the one measured at the task's footprint (a problem that
 fits in cache is held to the cache's speed, not DRAM's), the roofline time is
-max(bytes / bandwidth, flops / peak), and the fraction is roofline time / measured time.
+max(bytes / bandwidth, flops / peak, special ops / exp rate), and the fraction is roofline
+time / measured time. On an AVX-512 EPYC core one exp (4 G/s) takes as long as streaming
+6 bytes from DRAM or 25 from L2, against the 8 a softmax moves an element: a softmax in
+cache is bound by its exps, not "memory-bound with 0 FLOPs".
 A candidate whose slowest plausible time (the slow end of its interval) still beats the
 roofline time by `FASTER_THAN_LIGHT` is `suspect`: re-verified, never a baseline.
 
@@ -49,10 +55,11 @@ from htam_engine.placement import Limiting, Placement, Unplaced, Where
 if TYPE_CHECKING:
     from htam_engine.evaluate.verdict import Verdict
 
-SCHEMA = 4  # bump when what is measured changes: older caches are measured again
+SCHEMA = 5  # bump when what is measured changes: older caches are measured again
 LIMITS_ENV = "HTAM_MACHINE_LIMITS"
 MEASURE_TIMEOUT_S = 600.0
 WORK_TIMEOUT_S = 120.0
+WORK_SCHEMA = 2  # bump when what `count_work` counts changes: kept counts are redone
 FASTER_THAN_LIGHT = 1.10  # fraction of the roofline time that is "well above" 100 %
 NEAR_LIMIT = 0.9  # at or above this fraction a kernel is near its bound
 MIB = 1 << 20
@@ -84,6 +91,50 @@ extern "C" float fma_chains(long iterations, float m, float c) {
 }
 """
 FMA_ITERATIONS = 200_000  # about 0.3 ms a run: many short runs find a quiet moment
+# Cephes' expf (Cody-Waite reduction by ln 2, a degree-5 polynomial, 2^n from the exponent
+# bits; only the low clamp a softmax needs), vectorized by GCC at the ISA's width, over an
+# array in L1: the exps a second an honest kernel's exp reaches (GCC's libmvec expf was
+# 15-25 % slower on an AVX-512 EPYC). A vector division or square root ran 2-3x faster
+# than it there, so those are not special functions (`special_ops`).
+EXP_SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+static inline float exp_poly(float x) {
+    x = fmaxf(x, -87.0f);
+    float n = floorf(x * 1.44269504f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+enum { n = 2048 };
+extern "C" long exps_per_call(long repeats) { return repeats * n; }
+extern "C" float exp_loop(long repeats) {
+    alignas(64) float x[n];
+    for (int i = 0; i < n; ++i) x[i] = 0.001f * i;
+    for (long it = 0; it < repeats; ++it)
+#pragma omp simd
+        for (int i = 0; i < n; ++i) x[i] = exp_poly(-0.5f * x[i]);
+    return x[0] + x[n - 1];
+}
+"""
+EXP_REPEATS = 500  # about 0.25 ms a run at 4 G exps/s
+# FP32 results a clock of one SM's special function units (MUFU: exp2, log2, reciprocal,
+# rsqrt, sin, cos), the CUDA C++ Programming Guide's "Throughput of Native Arithmetic
+# Instructions": 32 on compute capability 5.x, 6.1 and 6.2, 16 on 6.0 and from 7.0 on
+# (H100 SXM: 132 SMs x 16 x 1.83 GHz, the 3.9 T special ops/s FlashAttention-3 works
+# against). An exp is one MUFU.EX2 after a multiply.
+SFU_PER_SM_CLOCK = {(5, 0): 32, (5, 2): 32, (5, 3): 32, (6, 1): 32, (6, 2): 32}
+SFU_DEFAULT_PER_SM_CLOCK = 16
 # FP32 lanes of one FMA for the widest vector ISA the flags name.
 _ISA_LANES = (
     ("avx512f", "avx512", 16),
@@ -106,6 +157,8 @@ class MachineLimits:
     bandwidth: dict[str, list[list[float]]]
     peak_gflops: dict[str, float]  # fp32 GEMM, per thread setting
     numpy_copy_gbs: float  # numpy copying a 256 MiB array on one core, for comparison
+    # G exps a second of `EXP_SOURCE`, per thread setting ({}: measured before it was)
+    special_gops: dict[str, float] = field(default_factory=dict)
     gpu: dict[str, Any] = field(default_factory=dict)
     measured_at: str = ""
     load: float = 0.0  # the load average as it was measured (a neighbour makes it low)
@@ -132,12 +185,14 @@ class MachineLimits:
 
 @dataclass(frozen=True)
 class Work:
-    """A task's minimal work: bytes that must move once, and counted FLOPs."""
+    """A task's minimal work: bytes that must move once, counted FLOPs and special
+    functions (a count kept before they were counted reads as none)."""
 
     inputs: int
     outputs: int
     parameters: int
     flops: int
+    special_ops: int = 0
     why: str = ""  # set when the work is unknown (the reference does not run on meta)
 
     @property
@@ -224,8 +279,15 @@ def _best_of(old: MachineLimits, new: MachineLimits) -> MachineLimits:
         before = {size: gbs for size, gbs in old.bandwidth.get(threads, [])}
         bandwidth[threads] = [[size, max(gbs, before.get(size, 0.0))] for size, gbs in curve]
     peaks = {k: max(v, old.peak_gflops.get(k, 0.0)) for k, v in new.peak_gflops.items()}
+    special = {k: max(v, old.special_gops.get(k, 0.0)) for k, v in new.special_gops.items()}
     numpy_copy = max(new.numpy_copy_gbs, old.numpy_copy_gbs)
-    return replace(new, bandwidth=bandwidth, peak_gflops=peaks, numpy_copy_gbs=numpy_copy)
+    return replace(
+        new,
+        bandwidth=bandwidth,
+        peak_gflops=peaks,
+        special_gops=special,
+        numpy_copy_gbs=numpy_copy,
+    )
 
 
 def _child(argv: list[str], stdin: str, timeout: float) -> dict[str, Any]:
@@ -261,8 +323,10 @@ def task_work(reference_source: str) -> Work:
 
 
 def _work_path(reference_source: str) -> Path:
+    """By content and `WORK_SCHEMA`: a count from before special functions were counted is
+    counted again."""
     digest = hashlib.sha256(reference_source.encode()).hexdigest()[:24]
-    return subdir("work") / f"{digest}.json"
+    return subdir("work") / f"{digest}.{WORK_SCHEMA}.json"
 
 
 def kept_work(reference_source: str) -> Work | None:
@@ -279,11 +343,13 @@ def keep_work(reference_source: str, work: Work) -> None:
 # ---------------------------------------------------------------- a verdict's place
 @dataclass(frozen=True)
 class Bound:
-    """The limits a verdict is held to: bandwidth at its footprint, and peak."""
+    """The limits a verdict is held to: bandwidth at its footprint, peak, and the exp rate
+    (0: not measured, so special functions bind nothing)."""
 
     bandwidth_gbs: float
     peak_gflops: float
     where: Where
+    special_gops: float = 0.0
 
 
 def bound_for(work: Work, limits: MachineLimits, device: str = "cpu") -> Bound | None:
@@ -293,15 +359,26 @@ def bound_for(work: Work, limits: MachineLimits, device: str = "cpu") -> Bound |
         gpu = limits.gpu
         if not gpu:
             return None
-        return Bound(gpu["bandwidth_gbs"], gpu["peak_tflops"]["fp32"] * 1e3, "GPU")
-    return Bound(limits.bandwidth_at(work.bytes, "1"), limits.peak_gflops["1"], "core")
+        peak = gpu["peak_tflops"]["fp32"] * 1e3
+        return Bound(gpu["bandwidth_gbs"], peak, "GPU", gpu.get("special_gops", 0.0))
+    bandwidth = limits.bandwidth_at(work.bytes, "1")
+    return Bound(bandwidth, limits.peak_gflops["1"], "core", limits.special_gops.get("1", 0.0))
 
 
 def roofline_ms(work: Work, bound: Bound) -> tuple[float, Limiting]:
-    """(the roofline time in ms, the bound that sets it: memory or compute)."""
-    memory_ms = work.bytes / (bound.bandwidth_gbs * 1e9) * 1e3
-    compute_ms = work.flops / (bound.peak_gflops * 1e9) * 1e3
-    return max(memory_ms, compute_ms), "compute" if compute_ms > memory_ms else "memory"
+    """(the roofline time in ms, the bound that sets it: memory, compute or special)."""
+    times: dict[Limiting, float] = {
+        "memory": _ms(work.bytes, bound.bandwidth_gbs),
+        "compute": _ms(work.flops, bound.peak_gflops),
+        "special": _ms(work.special_ops, bound.special_gops),
+    }
+    limiting = max(times, key=lambda name: times[name])  # the first of a tie: memory
+    return times[limiting], limiting
+
+
+def _ms(amount: float, giga_per_s: float) -> float:
+    """Milliseconds for `amount` at `giga_per_s` G a second (none at an unmeasured rate)."""
+    return amount / (giga_per_s * 1e9) * 1e3 if giga_per_s > 0 else 0.0
 
 
 def place(
@@ -312,9 +389,10 @@ def place(
     slowest_ms: float | None = None,
 ) -> Placement | None:
     """A timed kernel on the roofline (the verdict's `roofline`, None when the work is
-    unknown): achieved GB/s and GFLOP/s, the bound, the fraction of the roofline time
-    achieved (by the candidate, and by the reference), and whether even the slow end of
-    its interval (`slowest_ms`) is faster than light."""
+    unknown): achieved GB/s and GFLOP/s, the special functions and the exp rate they are
+    held to, the bound, the fraction of the roofline time achieved (by the candidate, and
+    by the reference), and whether even the slow end of its interval (`slowest_ms`) is
+    faster than light."""
     if not work.known or runtime_ms <= 0 or work.bytes <= 0:
         return None
     best_ms, limiting = roofline_ms(work, bound)
@@ -333,6 +411,8 @@ def place(
         fraction=round(best_ms / runtime_ms, 4),
         reference_fraction=round(best_ms / ref_runtime_ms, 4) if ref_runtime_ms else None,
         faster_than_light=best_ms / slowest > FASTER_THAN_LIGHT,
+        special_ops=work.special_ops,
+        special_gops=round(bound.special_gops, 3) if bound.special_gops > 0 else None,
     )
 
 
@@ -386,7 +466,7 @@ def replace_on_kept(verdict: Verdict) -> None:
     limits = cached_limits()
     if not isinstance(light, Placement) or limits is None or not verdict.runtime_ms:
         return
-    work = Work(inputs=light.bytes, outputs=0, parameters=0, flops=light.flops)
+    work = Work(light.bytes, 0, 0, light.flops, special_ops=light.special_ops or 0)
     bound = bound_for(work, limits, verdict.device)
     if bound is None:
         return
@@ -400,37 +480,35 @@ def replace_on_kept(verdict: Verdict) -> None:
 
 
 def describe(roofline: Placement | Unplaced | None, short: bool = False) -> str:
-    """ "at 61 % of this core's memory bandwidth (12.1 of 19.8 GB/s)"; "" when not placed."""
+    """ "at 61 % of this core's memory bandwidth (12.1 of 19.8 GB/s)", "at 62 % of this
+    core's exp throughput (2.5 of 4.08 Gexp/s)"; "" when not placed."""
     if not isinstance(roofline, Placement):
         return ""
-    percent = f"{100 * roofline.fraction:.0f} %"
-    if roofline.bound == "memory":
-        what, got, limit, unit = (
-            "memory bandwidth",
-            roofline.achieved_gbs,
-            roofline.bandwidth_gbs,
-            "GB/s",
-        )
-    else:
-        what, got, limit, unit = (
-            "FP32 peak",
-            roofline.achieved_gflops,
-            roofline.peak_gflops,
-            "GFLOP/s",
-        )
+    what, got, limit, unit = _held_to(roofline)
     where = "this GPU's" if roofline.where == "GPU" else "this core's"
-    text = f"at {percent} of {where} {what}"
+    text = f"at {100 * roofline.fraction:.0f} % of {where} {what}"
     if short:
         return text
     text += f" ({got:.3g} of {limit:.3g} {unit})"
     return text + (" - faster than light" if roofline.faster_than_light else "")
 
 
+def _held_to(roofline: Placement) -> tuple[str, float, float, str]:
+    """(the limit's name, what was achieved, the limit, the unit) of the binding bound."""
+    if roofline.bound == "memory":
+        return "memory bandwidth", roofline.achieved_gbs, roofline.bandwidth_gbs, "GB/s"
+    if roofline.bound == "special":
+        rate = roofline.special_gops or 0.0  # it binds only where measured
+        return "exp throughput", roofline.fraction * rate, rate, "Gexp/s"
+    return "FP32 peak", roofline.achieved_gflops, roofline.peak_gflops, "GFLOP/s"
+
+
 def tags(roofline: Placement | Unplaced | None) -> list[str]:
-    """State tags: `memory_bound` / `compute_bound`, and `near_limit` at 90 % or more."""
+    """State tags: `memory_bound` / `compute_bound` (special functions are arithmetic too),
+    and `near_limit` at 90 % or more."""
     if not isinstance(roofline, Placement):
         return []
-    found = [f"{roofline.bound}_bound"]
+    found = ["memory_bound" if roofline.bound == "memory" else "compute_bound"]
     return found + (["near_limit"] if roofline.fraction >= NEAR_LIMIT else [])
 
 
@@ -438,11 +516,12 @@ def tags(roofline: Placement | Unplaced | None) -> list[str]:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "machine",
-        help="this machine's limits (bandwidth, peak FLOP/s), measured once and cached",
+        help="this machine's limits (bandwidth, peak FLOP/s, exps/s), measured once and cached",
         description=(
-            "Print the memory bandwidth and peak FP32 FLOP/s this machine reaches with one "
-            "thread and with all cores (and its GPU's), which every timed verdict is placed "
-            "against. Measured on first use (seconds) and cached under the HTAM home."
+            "Print the memory bandwidth, peak FP32 FLOP/s and exps a second this machine "
+            "reaches with one thread and with all cores (and its GPU's), which every timed "
+            "verdict is placed against. Measured on first use (seconds) and cached under the "
+            "HTAM home."
         ),
     )
     parser.add_argument("--refresh", action="store_true", help="measure again (best kept)")
@@ -483,9 +562,16 @@ def _human(limits: MachineLimits) -> str:
     lines.append(
         f"peak FP32 (GEMM): {peaks['1']:.1f} GFLOP/s 1 thread, {peaks['all']:.1f} all cores"
     )
+    if exps := limits.special_gops:
+        lines.append(
+            f"exp (special functions): {exps['1']:.2f} Gexp/s 1 thread, {exps['all']:.2f} all cores"
+        )
     if gpu := limits.gpu:
         tflops = ", ".join(f"{k} {v} TFLOP/s" for k, v in gpu["peak_tflops"].items())
-        lines.append(f"GPU {gpu['name']} (sm {gpu['sm']}): {gpu['bandwidth_gbs']} GB/s, {tflops}")
+        special = f", {gpu['special_gops']:g} Gexp/s" if gpu.get("special_gops") else ""
+        lines.append(
+            f"GPU {gpu['name']} (sm {gpu['sm']}): {gpu['bandwidth_gbs']} GB/s, {tflops}{special}"
+        )
     lines.append("verdicts use the 1-thread limits (the timing policy: one thread per side)")
     if limits.load > limits.cores / 2:
         lines.append(
@@ -556,6 +642,37 @@ def _fma_gflops() -> float:
     return _best_rate(run, flops, min_s=0.2, reps=50) / 1e9
 
 
+def _exp_lib() -> Any:
+    """`EXP_SOURCE` loaded (None without g++: special functions then bind nothing)."""
+    import ctypes
+
+    from htam_engine.kernels import CompileError, load_cpp
+
+    flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
+    try:
+        lib = load_cpp("htam_exp_peak", EXP_SOURCE, flags)
+    except (CompileError, OSError):
+        return None
+    lib.exp_loop.argtypes = [ctypes.c_long]
+    lib.exp_loop.restype = ctypes.c_float
+    return lib
+
+
+def _exp_gops(lib: Any, threads: int) -> float:
+    """G exps a second of `threads` threads each running the exp loop (ctypes lets go of
+    the GIL in the call), the best of many short runs; 0 without the loop."""
+    if lib is None:
+        return 0.0
+    from concurrent.futures import ThreadPoolExecutor
+
+    amount = threads * lib.exps_per_call(EXP_REPEATS)
+    if threads == 1:  # no pool's hand-over in the time
+        return round(_best_rate(lambda: lib.exp_loop(EXP_REPEATS), amount, 0.2, 50) / 1e9, 3)
+    with ThreadPoolExecutor(threads) as pool:
+        run = lambda: list(pool.map(lib.exp_loop, [EXP_REPEATS] * threads))  # noqa: E731
+        return round(_best_rate(run, amount, 0.2, 50) / 1e9, 3)
+
+
 def _numpy_copy_gbs(arrays: tuple[Any, Any, Any]) -> float:
     """numpy copying a 256 MiB array into another (numpy's own memcpy, one thread)."""
     import numpy as np
@@ -603,7 +720,17 @@ def _gpu(torch: Any) -> dict[str, Any]:
         "memory_gb": round(props.total_memory / 1e9, 1),
         "bandwidth_gbs": round(bandwidth, 1),
         "peak_tflops": peaks,
+        # the rated SM clock, kHz (a torch without it: special functions bind nothing)
+        "special_gops": sfu_gops(props, getattr(props, "clock_rate", 0)),
     }
+
+
+def sfu_gops(props: Any, clock_khz: float) -> float:
+    """G special function results a second of a GPU's SFUs (`SFU_PER_SM_CLOCK`) at the
+    clock `clock_khz`; `props` has the compute capability and SM count."""
+    capability = (props.major, props.minor)
+    per_clock = SFU_PER_SM_CLOCK.get(capability, SFU_DEFAULT_PER_SM_CLOCK)
+    return round(props.multi_processor_count * per_clock * clock_khz / 1e6, 1)
 
 
 def measure() -> dict[str, Any]:
@@ -620,17 +747,20 @@ def measure() -> dict[str, Any]:
         torch.set_num_threads(1)
         arrays = _arrays(torch)
         one = _bandwidth_curve(torch, arrays), _gemm_gflops(torch, GEMM_N["1"])
-        fma = _fma_gflops()
+        fma, exp_lib = _fma_gflops(), _exp_lib()
+        exps = {"1": _exp_gops(exp_lib, 1)}
         numpy_copy = _numpy_copy_gbs(arrays)
         os.sched_setaffinity(0, cores)
         torch.set_num_threads(len(cores))
         every = _bandwidth_curve(torch, arrays), _gemm_gflops(torch, GEMM_N["all"])
+        exps["all"] = max(_exp_gops(exp_lib, len(cores)), exps["1"])
         del arrays
         gpu = _gpu(torch)
     found["bandwidth"] = {"1": one[0], "all": every[0]}
     # all cores: at least one core's chains (the probe runs on one)
     found["peak_gflops"] = {"1": round(max(one[1], fma), 3), "all": round(max(every[1], fma), 3)}
     found["numpy_copy_gbs"] = numpy_copy
+    found["special_gops"] = exps
     found["gpu"] = gpu
     found["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     found["load"] = round(os.getloadavg()[0], 2)
@@ -658,13 +788,14 @@ def _work(source: str) -> dict[str, Any]:
 
 
 def count_work(model: Any, inputs: list[Any], device: Any = "meta") -> dict[str, int]:
-    """`model`'s work on `inputs` (one forward under `FlopCounterMode`, on `device`)."""
+    """`model`'s work on `inputs` (one forward under `FlopCounterMode` and a count of its
+    special functions, on `device`)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     moved = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
+    counter, special = FlopCounterMode(display=False), _special_counter()
+    with torch.no_grad(), counter, special:
         out = model(*moved)
     outputs = list(out) if isinstance(out, tuple | list) else [out]
     module_state = isinstance(model, torch.nn.Module)
@@ -674,7 +805,72 @@ def count_work(model: Any, inputs: list[Any], device: Any = "meta") -> dict[str,
         "outputs": _unique_bytes(torch, outputs),
         "parameters": _unique_bytes(torch, state),
         "flops": int(counter.get_total_flops()),
+        "special_ops": special.count,
     }
+
+
+# Special functions (`Work.special_ops`) of an aten op, a call per output element: each is
+# at least an exp's work (the rate they are held to), so the time stays a lower bound.
+# Softplus and a log-sigmoid are an exp and a log1p; a softmax is its exps (its one
+# reciprocal a row is left out with divisions and square roots: see `EXP_SOURCE`).
+_TRANSCENDENTAL = (
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "logit", "xlogy", "erf", "erfc",
+    "erfinv", "lgamma", "digamma", "tanh", "sigmoid", "silu", "gelu", "glu", "mish", "elu",
+    "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh",
+    "atanh", "_softmax", "_safe_softmax",
+)  # fmt: skip
+# Fused attention on (batch, heads, length, features): an exp a score.
+_FUSED_ATTENTION = (
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+)
+_SPECIAL_CALLS = dict.fromkeys(_TRANSCENDENTAL, 1) | {"softplus": 2, "log_sigmoid_forward": 2}
+
+
+def special_ops(name: str, args: tuple[Any, ...], out: Any) -> int:
+    """The special functions aten op `name` (an overload packet's name: `exp`, `exp_`,
+    `_softmax`) computes on `args`, giving `out`."""
+    name = name.rstrip("_")
+    result = out[0] if isinstance(out, tuple | list) else out
+    elements = int(result.numel()) if hasattr(result, "numel") else 0
+    if name == "pow":
+        return elements * _pow_calls(args[0], args[1])
+    if name == "_log_softmax":  # an exp an element, a log a row
+        rows = elements // result.size(args[1]) if result.dim() and elements else elements
+        return elements + rows
+    if name == "logsumexp":  # an exp an input element, a log an output one
+        return int(args[0].numel()) + elements
+    if name in _FUSED_ATTENTION:
+        query, key = args[0], args[1]
+        return int(query.numel()) // query.size(-1) * key.size(-2)
+    return elements * _SPECIAL_CALLS.get(name, 0)
+
+
+def _pow_calls(base: Any, exponent: Any) -> int:
+    """x ** y is exp(y log x): none for an integer exponent (multiplies) or +-0.5 (a square
+    root), one exp for a number's power, else two."""
+    if isinstance(exponent, int | float):
+        return 0 if float(exponent).is_integer() or abs(exponent) == 0.5 else 2
+    return 1 if isinstance(base, int | float) else 2
+
+
+def _special_counter() -> Any:
+    """A dispatch mode counting the `special_ops` of every aten op run under it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class SpecialCounter(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            out = func(*args, **(kwargs or {}))
+            self.count += special_ops(func.overloadpacket.__name__, args, out)
+            return out
+
+    return SpecialCounter()
 
 
 def write_work(path: Path, model: Any, inputs: list[Any], device: Any) -> None:
