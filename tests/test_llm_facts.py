@@ -82,12 +82,32 @@ def test_a_step_faster_than_the_start_but_refused_is_never_called_slower() -> No
     refused = step(2, "not_improved", verdict(1.2), speedup=8.46,
                    versus_best=Duel(1.08, 0.96, 1.21, False, 1))  # fmt: skip
     line = facts.step_line(refused)
-    assert "8.46x over the start" in line
+    assert "over the start" not in line  # paired: no unpaired estimate beside it
     assert "1.08x over the best in pairs, 95 % 0.96-1.21: not kept" in line
     assert "0.83x over PyTorch" in line and "slower" not in line
+    unpaired = step(2, "not_improved", verdict(1.2), speedup=0.24)
+    assert "(est. 0.24x over the start)" in facts.step_line(unpaired)
     kept = step(3, "improved", verdict(1.0), speedup=10.0,
                 versus_best=Duel(1.2, 1.1, 1.3, True, 1))  # fmt: skip
     assert "kept as the new best" in facts.step_line(kept)
+
+
+def test_every_figure_carries_its_interval_and_a_busy_one_says_it_is_inconclusive() -> None:
+    from dataclasses import replace
+
+    from htam_engine.stats import Interval
+
+    timed = replace(verdict(0.5), interval=Interval(2.0, 1.9, 2.1, 40), spread={"harness_ms": 1.4})
+    busy = replace(timed, interval=Interval(6.35, 2.91, 60.67, 12), speedup=6.35, noisy=True,
+                   converged=False, load={"before": 4.2, "after": 5.1, "cores": 2})  # fmt: skip
+    times = facts.times_text(busy, timed, 3)
+    assert "2.00x (95 % 1.90-2.10) over PyTorch" in times
+    assert (
+        "6.35x (95 % 2.91-60.67) over PyTorch, inconclusive (noisy: load 5.1 on 2 cores)" in times
+    )
+    assert "harness's own 1.4 ms" in times
+    line = facts.step_line(step(4, "not_improved", replace(busy, suspect=True), speedup=3.1))
+    assert "suspect (faster than this machine's limit" in line
 
 
 def test_failures_say_why_with_the_compiler_excerpt_and_the_max_error() -> None:

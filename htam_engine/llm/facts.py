@@ -3,8 +3,9 @@ timing's thread policy, the correctness rules, the task's shapes, dtypes and par
 layouts and how parameters are synced, the times so far, and what earlier attempts did.
 
 Also the feedback vocabulary every prompt and the state use (`step_line`): a speedup over
-the start, over the best (timed in pairs, with the interval, kept or refused) and over
-PyTorch; never "slower" for a candidate faster than the start but not than the best.
+the best (timed in pairs, with the interval, kept or refused) and over PyTorch with its
+interval, `inconclusive` with why where the machine's load made it noisy; never "slower"
+for a candidate faster than the start but not than the best.
 Reads the reference with `ast` (no import, no torch): a shape it cannot work out is
 left out, never guessed.
 """
@@ -19,7 +20,7 @@ from typing import Any
 from htam_engine import machine, roofline
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.events import Step
-from htam_engine.formatting import format_speedup
+from htam_engine.formatting import format_bounded, format_speedup
 from htam_engine.llm.prompts import QUOTED, fence_block
 from htam_engine.vocabulary import TOLERANCES, Status
 
@@ -234,26 +235,52 @@ def _light(verdict: Verdict) -> str:
     return f", {light}" if light else ""
 
 
+def _measured(verdict: Verdict) -> str:
+    """A timing over PyTorch with its interval, and why it is not to be trusted where it
+    is not: "1.46x (95 % 1.41-1.52) over PyTorch", "... over PyTorch, inconclusive (noisy:
+    load 4.1 on 2 cores)"."""
+    interval = verdict.interval
+    bounds = (interval.low, interval.high) if interval else None
+    text = f"{format_bounded(verdict.speedup, bounds)} over PyTorch"
+    if verdict.suspect:
+        return f"{text}, suspect (faster than this machine's limit: not to be believed)"
+    if verdict.noisy:
+        load = verdict.load or {}
+        busy = max(load.get("before", 0.0), load.get("after", 0.0))
+        why = f"load {busy:.1f} on {load.get('cores', '?')} cores" if load else "did not narrow"
+        return f"{text}, inconclusive (noisy: {why})"
+    return text
+
+
 def times_text(start: Verdict | None, best: Verdict | None, best_step: int) -> str:
-    """The reference's, the start's and the best's times, and which one is improved."""
+    """The reference's, the start's and the best's times, each with its interval, and
+    the harness's own share of every timed call."""
     if start is None or start.ref_runtime_ms is None:
         return "Times: not measured yet."
     lines = [
         f"PyTorch reference: {_ms(start.ref_runtime_ms)}; starting implementation: "
-        f"{_ms(start.runtime_ms)} ({format_speedup(start.speedup)} over PyTorch)" + _light(start)
+        f"{_ms(start.runtime_ms)} ({_measured(start)})" + _light(start)
     ]
     if best is not None and best_step:
         lines.append(
             f"Best kept (step {best_step}, the code shown below): {_ms(best.runtime_ms)} "
-            f"({format_speedup(best.speedup)} over PyTorch)" + _light(best)
+            f"({_measured(best)})" + _light(best)
         )
     else:
         lines.append("The code shown below is the starting implementation (nothing beat it yet).")
+    if harness := start.spread.get("harness_ms"):
+        lines.append(
+            f"Every timed call, on both sides, includes the harness's own {harness:.2g} ms "
+            "(staging the inputs, copying the outputs out): a kernel faster than that gains "
+            "less than its own time suggests."
+        )
     return "\n".join(lines)
 
 
 def step_line(step: Step) -> str:
-    """One step in the feedback vocabulary, with why it failed or was refused."""
+    """One step in the feedback vocabulary, with why it failed or was refused: a result
+    timed in pairs where there is one (an estimate from unpaired timings beside it could
+    contradict it), and the timing over PyTorch with its interval."""
     head = f"step {step.step} {step.global_id}/{step.local_id}: {step.status}"
     verdict = step.verdict
     if step.status == Status.NO_CODE:
@@ -261,7 +288,7 @@ def step_line(step: Step) -> str:
     if not verdict.correct:
         why = failure_note(verdict)  # the candidate's own words: quoted, on one line
         return f"{head}: why ({QUOTED}): {fence_block(why, inline=True)}" if why else head
-    parts = [f"{format_speedup(step.speedup)} over the start"]
+    parts = []
     duel = step.versus_best
     if duel is not None and duel.speedup is not None:
         bounds = f", 95 % {duel.low:.2f}-{duel.high:.2f}" if duel.bounds else ""
@@ -270,8 +297,9 @@ def step_line(step: Step) -> str:
     elif step.status == Status.IMPROVED:
         parts.append("kept as the new best")
     else:
-        parts.append("not kept (not faster than the best)")
-    parts.append(f"{format_speedup(verdict.speedup)} over PyTorch")
+        estimate = f" (est. {format_speedup(step.speedup)} over the start)" if step.speedup else ""
+        parts.append(f"not kept (not faster than the best){estimate}")
+    parts.append(_measured(verdict))
     return f"{head}: {'; '.join(parts)}"
 
 
