@@ -118,10 +118,12 @@ def next_version_prompt(
     current: str,
     steps: list[Step],
     facts_text: str,
+    reason: str = "",
 ) -> tuple[str, str]:
     """(system, prompt) for the next version of `current` by `node`'s strategy: the run's
-    attempts so far, the strategy's example and the warnings of its failures elsewhere
-    (this task's own failures are among the attempts)."""
+    attempts so far (the last failed one's code too), why the strategy was chosen
+    (`reason`), its example and the warnings of its failures elsewhere (this task's own
+    failures are among the attempts)."""
     example = node.example(family)
     return generation_prompt(
         task_source=task.reference_source,
@@ -136,4 +138,14 @@ def next_version_prompt(
         ],
         language=language_of(task)[0],
         facts=facts_text,
+        reason=reason,
+        failed=last_failure(steps),
     )
+
+
+def last_failure(steps: list[Step]) -> tuple[str, str] | None:
+    """The code of the run's last step that failed with code, and why (None: none did)."""
+    for step in reversed(steps):
+        if step.source and not step.verdict.correct:
+            return step.source, llm_facts.failure_note(step.verdict) or str(step.status)
+    return None

@@ -416,6 +416,7 @@ class Optimizer:
         )
         state.threads = timing_threads()
         state.report = llm_facts.attempts_text(self.steps[-3:])
+        state.facts, state.code = self._times(), current.source  # for a chooser's prompt
         return state
 
     def _implement_or_fail(self, number: int, plan: Plan) -> Implemented:
@@ -449,15 +450,22 @@ class Optimizer:
         prompt = implement.next_version_prompt(self.task, node, family=family,
                                                signature=self.episode.signature,
                                                current=current, steps=self.steps,
-                                               facts_text=self._facts())  # fmt: skip
+                                               facts_text=self._facts(),
+                                               reason=plan.decision.local.reason)  # fmt: skip
         return implement.with_llm(self.provider, prompt, measure, task=self.task,
                                   local_text=node.prompt_text(family),
                                   candidates=self.config.candidates)  # fmt: skip
 
     def _facts(self) -> str:
+        return implement.facts(self.task, *self._incumbents())
+
+    def _times(self) -> str:
+        return llm_facts.times_text(*self._incumbents())
+
+    def _incumbents(self) -> tuple[Verdict | None, Verdict | None, int]:
+        """The start's verdict, the best's (None while it is the start) and its step."""
         start, best = self.referee.start, self.referee.best
-        return implement.facts(self.task, start.verdict, best.verdict if best.step else None,
-                               best.step)  # fmt: skip
+        return start.verdict, best.verdict if best.step else None, best.step
 
     def _measurer(self, number: int, g: str, local_id: str) -> Measure:
         """`Referee.measure` for this step; a verdict that says nothing about the strategy

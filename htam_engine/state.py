@@ -35,6 +35,8 @@ class State:
     path: list[PathEntry] = field(default_factory=list)
     threads: int = 1  # the thread count timing runs with (`evaluate.runner.timing_threads`)
     report: str = ""  # the last steps in the feedback vocabulary (`llm.facts.feedback`)
+    facts: str = ""  # the times and limits the code prompt shows (`llm.facts.times_text`)
+    code: str = ""  # the current implementation, for a chooser's prompt
 
     def tags(self) -> set[str]:
         """Every tag a trigger can match: static features, feedback, the family and the

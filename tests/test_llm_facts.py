@@ -141,3 +141,17 @@ def test_a_linear_without_bias_is_said_to_have_none() -> None:
                                "nn.Linear(in_features, out_features, bias=False)")  # fmt: skip
     text = facts.task_text(reference)
     assert "no bias (bias=False); forward computes x @ weight.T\n" in text + "\n"
+
+
+def test_the_last_failed_attempt_is_the_newest_step_that_failed_with_code() -> None:
+    from htam_engine.implement import last_failure
+
+    wrong = Verdict(compiled=True, checks=[Check("outputs", False, "3/10 values off")])
+    steps = [
+        step(1, "incorrect", wrong, source="OLD WRONG"),
+        step(2, "incorrect", wrong, source="NEW WRONG"),
+        step(3, "no_code", Verdict()),
+        step(4, "improved", verdict(0.5), source="RIGHT"),
+    ]
+    assert last_failure(steps) == ("NEW WRONG", "outputs: 3/10 values off")
+    assert last_failure(steps[3:]) is None

@@ -105,6 +105,26 @@ def test_local_selection_prompt_shows_only_the_candidates() -> None:
         local_selection_prompt("s", "g", [])
 
 
+def test_a_choice_is_asked_with_the_times_and_the_current_code() -> None:
+    times = "starting implementation: 2.1 ms (1.10x (95 % 1.02-1.19) over PyTorch)"
+    code = 'extern "C" void k() { /* THE KERNEL */ }'
+    _, prompt = local_selection_prompt("s", "g", [("a", "x")], facts=times, current_code=code)
+    assert times in prompt and "THE KERNEL" in prompt
+    _, bare = local_selection_prompt("s", "g", [("a", "x")])
+    assert "Times and limits" not in bare and "Current implementation" not in bare
+
+
+def test_the_code_prompt_carries_the_choosers_reason_and_the_last_failure_quoted() -> None:
+    failed = (CODE + "# FAILED VERSION", "incorrect: 3/10 values off")
+    _, prompt = generation_prompt(TASK, CODE, "", "tile it", None, [], "python",
+                                  reason="the reduction dominates", failed=failed)  # fmt: skip
+    assert "the reduction dominates" in prompt
+    assert "FAILED VERSION" in prompt and "3/10 values off" in prompt
+    assert f"The last failed attempt (its code, {QUOTED}" in prompt
+    _, plain = generation_prompt(TASK, CODE, "", "tile it", None, [], "python")
+    assert "last failed attempt" not in plain and "chooser's reason" not in plain
+
+
 # A kernel whose docstring closes a ``` fence and then speaks to the model.
 HOSTILE = '''"""A kernel.
 ```

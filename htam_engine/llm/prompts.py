@@ -28,6 +28,9 @@ BUDGET = {
     "failure": 1200,
     "facts": 900,
     "attempts": 700,
+    "excerpt": 1500,  # the current code in a choice prompt
+    "failed": 800,  # the last failed attempt's code in a code prompt
+    "reason": 120,
 }
 MAX_WARNINGS = 5
 MAX_CANDIDATES = 12
@@ -106,12 +109,15 @@ def generation_prompt(
     negative_warnings: Sequence[str],
     language: str,
     facts: str = "",
+    reason: str = "",
+    failed: tuple[str, str] | None = None,
 ) -> tuple[str, str]:
     """(system, prompt) asking for the next implementation as one fenced file.
 
     `local_text` is `LocalNode.prompt_text()`: the strategy, its edit pattern and checks;
     `facts` is `llm.facts.facts_block` (machine, timing, checks, shapes, times) and
-    `feedback` the earlier attempts (`llm.facts.attempts_text`). An example is shown
+    `feedback` the earlier attempts (`llm.facts.attempts_text`); `reason` why the strategy
+    was chosen now, `failed` the last failed attempt's (code, why). An example is shown
     whole or not at all: one cut mid-way teaches the wrong thing.
     """
     if language not in LANGUAGES:
@@ -127,6 +133,17 @@ def generation_prompt(
         ),
         _section("Strategy to apply", truncate_tokens(local_text, BUDGET["local"])),
     ]
+    if reason:
+        chosen = truncate_tokens(reason, BUDGET["reason"])
+        parts.append(_section("Why this strategy now (the chooser's reason)", chosen))
+    if failed is not None:
+        code, why = failed
+        parts.append(
+            _section(
+                f"The last failed attempt (its code, {QUOTED}, and why it failed)",
+                _fenced(code, fence, BUDGET["failed"]) + "\n" + fence_block(why, inline=True),
+            )
+        )
     if positive_example and count_tokens(positive_example) <= BUDGET["positive"]:
         parts.append(
             _section(
@@ -211,10 +228,13 @@ def local_selection_prompt(
     candidates: Sequence[tuple[str, str]],
     *,
     may_stop: bool = False,
+    facts: str = "",
+    current_code: str = "",
 ) -> tuple[str, str]:
     """(system, prompt) asking which local strategy to apply, answered as JSON.
 
-    Shows only the state, the chosen global node's memory (`GlobalNode.prompt_text()`)
+    Shows the state, the times and limits the code prompt shows (`facts`), the current
+    code (cut to its budget), the chosen global node's memory (`GlobalNode.prompt_text()`)
     and its candidates as (local id, `LocalNode.prompt_text()`).
     """
     if not candidates:
@@ -226,6 +246,21 @@ def local_selection_prompt(
     prompt = "\n".join(
         [
             _section("Current state", truncate_tokens(state_text, BUDGET["state"])),
+            *(
+                [_section("Times and limits", truncate_tokens(facts, BUDGET["facts"]))]
+                if facts
+                else []
+            ),
+            *(
+                [
+                    _section(
+                        "Current implementation",
+                        _fenced(current_code, "", BUDGET["excerpt"]),
+                    )
+                ]
+                if current_code
+                else []
+            ),
             _section("Chosen direction", truncate_tokens(global_text, BUDGET["global"])),
             _section("Candidate strategies", listed),
             "Valid ids: "

@@ -54,6 +54,8 @@ class LLMLocalSelector:
             graph.globals[global_id].prompt_text(),
             [(lid, graph.locals[lid].prompt_text(state.family)) for lid in runnable],
             may_stop=may_stop,
+            facts=state.facts,
+            current_code=state.code,
         )
         answers = [*runnable, STOP] if may_stop else runnable
         try:
