@@ -186,7 +186,9 @@ def test_family_of_the_example_references(task: str, expected: str) -> None:
     ("forward", "expected"),
     [
         ("return torch.relu(x) * 2.0", "elementwise"),
-        ("return torch.nn.functional.gelu(self.norm(x))", "fused"),
+        ("return torch.nn.functional.gelu(self.norm(x))", "reduction"),
+        ("return x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)", "reduction"),
+        ("return torch.relu(x @ x.T).sum(dim=1)", "fused"),
         ("return x.sum(dim=1)", "reduction"),
         ("return x @ x.T", "matmul"),
         ("return torch.flip(x, [0])", "unknown"),

@@ -95,7 +95,10 @@ def _forward_ops(cls: Node) -> list[str]:
 
 
 def family(source: str | bytes) -> str:
-    """Operator family from the torch ops in `Model.forward` (else `ModelNew.forward`)."""
+    """Operator family from the torch ops in `Model.forward` (else `ModelNew.forward`):
+    `fused` is a matmul or convolution with other work around it; a reduction with
+    elementwise work (a norm, a softmax written out) is a `reduction`: the strategies of
+    a fused GEMM (tiling its operands, interchanging its loops) have nothing to do there."""
     root = parse(source, "python").root_node
     cls = _class(root, MODEL_CLASSES)
     if cls is None:
@@ -105,4 +108,4 @@ def family(source: str | bytes) -> str:
         return "unknown"
     if len(categories) == 1:
         return categories.pop()
-    return "fused"
+    return "fused" if "matmul" in categories else "reduction"
