@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU build on disk: a bare `torch` could pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
+	# The distribution was named `htam` before (an unrelated PyPI package has that name):
+	# a checkout installed under it would own the same packages and commands.
+	$(PY) -m pip uninstall -q -y htam 2>/dev/null || true
 	$(PY) -m pip install -q -e '.[dev,ray,triton]'
 	touch $@
 

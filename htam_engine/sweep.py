@@ -249,7 +249,7 @@ def _on_ray(address: str) -> Runner:
     try:
         import ray
     except ImportError:
-        raise UserError("--ray needs Ray: pip install 'htam[ray]'") from None
+        raise UserError("--ray needs Ray: pip install 'htam-lsp[ray]'") from None
 
     def run_on_ray(todo: Sequence[tuple[Problem, Path]], flags: list[str]) -> list[ProblemResult]:
         if not ray.is_initialized():

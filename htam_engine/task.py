@@ -108,6 +108,15 @@ def _defined_names(source: str, path: Path) -> set[str]:
     return names
 
 
+def is_reference(source: str) -> bool:
+    """Whether `source` is a task by itself: it defines a KernelBench reference's names."""
+    try:
+        defined = _defined_names(source, Path("<source>"))
+    except TaskError:
+        return False
+    return all(name in defined for name in _REQUIRED)
+
+
 def _check_reference(path: Path, source: str) -> None:
     missing = [name for name in _REQUIRED if name not in _defined_names(source, path)]
     if missing:

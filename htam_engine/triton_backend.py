@@ -21,7 +21,7 @@ from tree_sitter import Node
 from htam_engine import parsing
 from htam_engine.parsing import text, triton_source
 
-INSTALL_HINT = "install htam[triton]"
+INSTALL_HINT = "install htam-lsp[triton]"
 MIN_VERSION = (3, 2)  # the `triton>=3.2` of the extra
 NOT_TIMED = "not timed: Triton interpreter"
 CORRECTNESS_ONLY = (
@@ -33,7 +33,7 @@ CORRECTNESS_ONLY = (
 def missing() -> str | None:
     """None when a usable Triton is installed here, else what is wrong and the fix."""
     if importlib.util.find_spec("triton") is None:
-        return f"Triton is not installed: {INSTALL_HINT} (pip install 'htam[triton]')"
+        return f"Triton is not installed: {INSTALL_HINT} (pip install 'htam-lsp[triton]')"
     version = importlib.metadata.version("triton")
     if _release(version) < MIN_VERSION:
         wanted = ".".join(map(str, MIN_VERSION))

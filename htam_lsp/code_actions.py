@@ -29,7 +29,7 @@ def code_actions(ls: HtamServer, doc: Document, offset: int) -> list[t.CodeActio
     unit = discovery.unit_at(doc, offset)
     found: list[t.CodeAction] = []
     if insight.needs_binding(doc):
-        target = unit or next((u for u in discovery.units(doc) if u.kind == "global"), None)
+        target = unit or insight.binding_target(doc)
         if target is not None:
             found.append(binding_action(ls, doc, target))
     if unit is None:
@@ -40,16 +40,24 @@ def code_actions(ls: HtamServer, doc: Document, offset: int) -> list[t.CodeActio
 
 
 def binding_action(ls: HtamServer, doc: Document, unit: Unit) -> t.CodeAction:
-    directive = insight.binding_directive(doc, unit, discovery.units(doc))
-    start = t.Position(0, 0)
+    title, edit = binding_edit(doc, unit)
     return t.CodeAction(
-        title=f"HTAM: bind to its reference ({directive.strip()})",
+        title=title,
         kind=t.CodeActionKind.QuickFix,
         diagnostics=[unbound_diagnostic(ls, doc, unit)],
         is_preferred=True,
-        edit=t.WorkspaceEdit(
-            changes={doc.uri: [t.TextEdit(range=t.Range(start, start), new_text=directive)]}
-        ),
+        edit=edit,
+    )
+
+
+def binding_edit(doc: Document, unit: Unit) -> tuple[str, t.WorkspaceEdit]:
+    """What binds the file to its reference: its title and the directive as the first line
+    (the quick fix, and `htam.bind` for the lens)."""
+    directive = insight.binding_directive(doc, unit, discovery.units(doc))
+    start = t.Position(0, 0)
+    edit = t.TextEdit(range=t.Range(start, start), new_text=directive)
+    return f"HTAM: bind to its reference ({directive.strip()})", t.WorkspaceEdit(
+        changes={doc.uri: [edit]}
     )
 
 

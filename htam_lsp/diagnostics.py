@@ -1,12 +1,12 @@
-"""Diagnostics: static hints, an unbound .cu file, and where code failed to compile:
-the user's own (a compile check) or the last candidate of a step."""
+"""Diagnostics: static hints, a kernel file not bound to its reference, and where code
+failed to compile: the user's own (a compile check) or the last candidate of a step."""
 
 from __future__ import annotations
 
 import difflib
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from lsprotocol import types as t
 
@@ -18,21 +18,32 @@ if TYPE_CHECKING:
     from htam_lsp.server import HtamServer
 
 SOURCE = "htam"
-# Where a compiler line says it is: the evaluator's scratch file (`kernel.cu(6): `) or the
-# server's copy of the buffer (`/.../htam-1234-5.py:7: `); the diagnostic's range says it.
-_LOCATION = re.compile(r"^\S*?(?:kernel\.cu|htam-\d+-\d+\.\w+)(?:\((\d+)\)|:(\d+))?:?\s*")
+# Where a compiler line says it is: the evaluator's scratch file (`kernel.cu(6): `,
+# `kernel.cpp:13:9: `) or the server's copy of the buffer (`/.../htam-1234-5.py:7: `); the
+# diagnostic's range says it.
+_LOCATION = re.compile(
+    r"^\S*?(?:kernel\.\w+|main\.\w+|htam-\d+-\d+\.\w+)(?:\(\d+\)|(?::\d+)+)?:?\s*"
+)
+
+
+Origin = Literal["check", "start", "candidate"]
+_CODES = {
+    "check": "compile_check_error",
+    "start": "start_compile_error",
+    "candidate": "candidate_compile_error",
+}
 
 
 @dataclass(frozen=True)
 class CompileError:
     """Code that failed to compile: its text, the 1-based line the compiler named there,
-    the evaluator's message, and whether it was the user's own code (a compile check of
-    the buffer) or a step's candidate."""
+    the evaluator's message, and whose it was: the user's own code (a compile check of the
+    buffer, or the code a job started from) or a step's candidate."""
 
     source: str
     line: int
     message: str
-    yours: bool
+    origin: Origin
 
 
 def compiler_words(message: str) -> str:
@@ -64,7 +75,7 @@ def diagnostics(ls: HtamServer, doc: Document) -> list[t.Diagnostic]:
                     code=hint.code,
                 )
             )
-    first = next((u for u in units if u.kind == "global"), None)
+    first = insight.binding_target(doc)
     if first is not None and insight.needs_binding(doc):
         found.append(unbound_diagnostic(ls, doc, first))
     error = ls.runs.compile_errors.get(doc.uri)
@@ -74,12 +85,17 @@ def diagnostics(ls: HtamServer, doc: Document) -> list[t.Diagnostic]:
 
 
 def unbound_diagnostic(ls: HtamServer, doc: Document, unit: Unit) -> t.Diagnostic:
+    directive = (
+        "# htam: reference=REF.py"
+        if doc.language == "python"
+        else "// htam: reference=REF.py entry=HOST_FUNCTION"
+    )
     return t.Diagnostic(
         range=ls.lsp_range(doc, unit.name_start, unit.name_end),
         message=(
             "HTAM: this file is not bound to a PyTorch reference, so it cannot be verified "
-            "or timed; add `// htam: reference=REF.py entry=HOST_FUNCTION` (quick fix "
-            "available) or an htam.toml [[kernel]] entry"
+            f"or timed; add `{directive}` (quick fix available) or an htam.toml [[kernel]] "
+            "entry"
         ),
         severity=t.DiagnosticSeverity.Information,
         source=SOURCE,
@@ -103,14 +119,16 @@ def _compile_diagnostic(ls: HtamServer, doc: Document, error: CompileError) -> t
     start = doc.index.starts[row]
     end = start + len(doc.index.line_bytes(row))
     said = compiler_words(error.message)
-    if error.yours:
-        message = f"HTAM compile check: nvcc rejects this line: {said}"
-    else:
-        message = f"HTAM: the last candidate failed to compile here (its line {error.line}): {said}"
+    message = {
+        "check": f"HTAM compile check: nvcc rejects this line: {said}",
+        "start": f"HTAM: your kernel does not compile here: {said}",
+        "candidate": f"HTAM: the last candidate failed to compile here (its line {error.line}): "
+        f"{said}",
+    }[error.origin]
     return t.Diagnostic(
         range=ls.lsp_range(doc, start, end),
         message=message,
         severity=t.DiagnosticSeverity.Error,
         source=SOURCE,
-        code="compile_check_error" if error.yours else "candidate_compile_error",
+        code=_CODES[error.origin],
     )

@@ -16,6 +16,7 @@ from htam_engine import parsing
 from htam_engine.decisions import GlobalDecision
 from htam_engine.state import State
 from htam_engine.vocabulary import Backend
+from htam_lsp import discovery
 from htam_lsp.discovery import Unit
 from htam_lsp.documents import Document, uri_path
 
@@ -68,7 +69,20 @@ def _binding(doc: Document) -> dict[str, str]:
 
 
 def needs_binding(doc: Document) -> bool:
-    return doc.language == "cuda" and not binding(doc).get("reference")
+    """Whether a step needs the file bound to its reference first: an unbound `.cu`, or an
+    unbound Python implementation that is not a KernelBench reference itself."""
+    from htam_engine.task import is_reference
+
+    if doc.language not in ("cuda", "python") or binding(doc).get("reference"):
+        return False
+    return doc.language == "cuda" or not _cached(doc, "reference", lambda: is_reference(doc.text))
+
+
+def binding_target(doc: Document) -> Unit | None:
+    """The unit the binding is said on when the cursor is in none: the first CUDA kernel,
+    else the file's task (its `ModelNew`)."""
+    first = next((u for u in discovery.units(doc) if u.kind == "global"), None)
+    return first or discovery.task_unit(doc)
 
 
 def guess_reference(doc: Document) -> str | None:
@@ -81,8 +95,11 @@ def guess_reference(doc: Document) -> str | None:
 
 
 def binding_directive(doc: Document, unit: Unit, all_units: list[Unit]) -> str:
-    """The directive line that binds `unit`'s file to its reference and host entry."""
+    """The directive line that binds `unit`'s file to its reference (and, for a `.cu`, its
+    host entry)."""
     reference = guess_reference(doc) or "REFERENCE.py"
+    if doc.language == "python":
+        return f"# htam: reference={reference}\n"
     hosts = [u.name for u in all_units if u.kind == "host"]
     if unit.kind == "host":
         entry = unit.name  # the host function under the cursor is the entry

@@ -1,4 +1,4 @@
-"""Code lenses: run or cancel over each kernel, and the file's best offered suggestion."""
+"""Code lenses: run, cancel or bind over each kernel, and the file's best offered suggestion."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from lsprotocol import types as t
 
-from htam_lsp import discovery, insight, render
+from htam_lsp import code_actions, discovery, insight, render
 from htam_lsp.documents import Document
 from htam_lsp.offers import offered, position_json
 
@@ -15,10 +15,12 @@ if TYPE_CHECKING:
 
 
 def lenses(ls: HtamServer, doc: Document) -> list[t.CodeLens]:
-    """Over each kernel: run / cancel; over the first, the file's best offered suggestion
-    (a step optimizes the whole file, so there is one)."""
+    """Over each kernel: run / cancel, or bind the file to its reference where it is not
+    (nothing could run); over the first, the file's best offered suggestion (a step
+    optimizes the whole file, so there is one)."""
     found = []
     job = ls.runs.jobs.active(doc.uri)
+    unbound = insight.needs_binding(doc)
     best_title = _best_title(ls, doc)
     for unit in discovery.units(doc):
         if not unit.is_kernel:
@@ -28,6 +30,9 @@ def lenses(ls: HtamServer, doc: Document) -> list[t.CodeLens]:
         if job is not None and job.kernel == unit.name:
             title = f"HTAM: {job.message or job.state} (cancel)"
             command = t.Command(title, "htam.cancel", arguments=[{"jobId": job.id}])
+        elif unbound:
+            title, _ = code_actions.binding_edit(doc, unit)
+            command = t.Command(title, "htam.bind", arguments=[argument])
         else:
             command = t.Command("Optimize with HTAM", "htam.nextStep", arguments=[argument])
         found.append(t.CodeLens(range=where, command=command))

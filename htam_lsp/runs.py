@@ -24,7 +24,7 @@ from pygls.capabilities import get_capability
 from htam_engine import events, machine, paths
 from htam_engine.evaluate.verdict import Verdict
 from htam_engine.formatting import format_speedup
-from htam_engine.vocabulary import JobState
+from htam_engine.vocabulary import ErrorKind, JobState
 from htam_lsp import discovery, insight, render, status
 from htam_lsp import suggestions as sg
 from htam_lsp.diagnostics import CompileError, compiler_words
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PHASES = ("select", "generate", "compile", "verify", "time", "confirm", "update")
+TRAJECTORY = "trajectory.json"  # what htam_engine.report writes into a run's output folder
+_YOURS = "your kernel does not compile:"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,14 @@ class Runs:
             job.state, job.message = "refused", why_not
             self.ls.publish_job(job)
             return {"jobId": job.id, "state": job.state, "message": why_not}
+        unparsed = _syntax_error(doc)
+        if unparsed is not None:  # nothing can run it: said on its line, before any step
+            self.compile_errors[doc.uri] = unparsed
+            self.ls.schedule_diagnostics(doc.uri)
+            said = compiler_words(unparsed.message)
+            job.state, job.message = "refused", f"{_YOURS} {said} (line {unparsed.line})"
+            self.ls.publish_job(job)
+            return {"jobId": job.id, "state": job.state, "message": job.message}
         begun = Start(doc.text, _kernel_ranges(doc))
         job.excluded = tuple(sg.failed_strategies(self.ls.records.history(doc.uri), begun.text))
         self.ls.publish_job(job)
@@ -113,8 +123,9 @@ class Runs:
             return f"HTAM runs on files on disk; {doc.uri} is not a file: URI"
         if insight.needs_binding(doc):
             return (
-                "HTAM: this .cu file is not bound to a reference; apply the quick fix "
-                "'bind to its reference' (or add an htam.toml [[kernel]] entry) first"
+                f"HTAM: {Path(uri_path(doc.uri) or doc.uri).name} is not bound to its PyTorch "
+                "reference; bind it first (the lens or quick fix 'bind to its reference', or "
+                "an htam.toml [[kernel]] entry)"
             )
         if insight.backend(doc) == "cuda" and (
             self.ls.settings.device == "cpu" or not machine.gpu_present()
@@ -193,6 +204,7 @@ class Runs:
             self.ls.refresh_lenses()  # the kernel's lens shows the job running
             on_event = functools.partial(self.on_event, begun=begun)
             await self.jobs.run(job, argv, on_event, task_path, self.ls.settings.device)
+            self._start_compiled(job, begun)
             if job.state == "done":
                 job.message = self.summary(job)
             elif job.state == "failed" and job.steps_done == 0:
@@ -209,6 +221,24 @@ class Runs:
         self.ls.schedule_diagnostics(job.uri)
         if (doc := self.ls.docs.get(job.uri)) is not None:
             self.warm_up(doc)  # ready for the next step
+
+    def _start_compiled(self, job: Job, begun: Start) -> None:
+        """Where the code the job started from (the user's) did not compile, that is the
+        job's word, on its line: no candidate of a step is to blame."""
+        start = _start_verdict(job) if job.state != "cancelled" else None
+        error = start.error if start is not None else None
+        if error is None or error.kind != ErrorKind.COMPILE_ERROR:
+            kept = self.compile_errors.get(job.uri)
+            if start is not None and kept is not None and kept.origin == "start":
+                del self.compile_errors[job.uri]  # it compiles now
+            return
+        said = compiler_words(error.message)
+        job.state, job.message = "failed", _YOURS + f" {said}"
+        if error.line is not None:
+            job.message += f" (line {error.line})"
+            self.compile_errors[job.uri] = CompileError(
+                begun.text, error.line, error.message, "start"
+            )
 
     def summary(self, job: Job) -> str:
         """The last word of a finished job: what it found for the current text, with numbers."""
@@ -311,7 +341,7 @@ class Runs:
         error = step.error
         if not step.compiled and error is not None and error.line is not None:
             self.compile_errors[job.uri] = CompileError(
-                step.source, error.line, error.message, yours=False
+                step.source, error.line, error.message, "candidate"
             )
         elif step.compiled:
             self.compile_errors.pop(job.uri, None)
@@ -343,8 +373,33 @@ def _checked(
     if error.line is None:
         return "failed", f"{name} does not compile with nvcc: {said}"
     source = data.decode("utf-8", "replace")
-    runs.compile_errors[job.uri] = CompileError(source, error.line, error.message, yours=True)
+    runs.compile_errors[job.uri] = CompileError(source, error.line, error.message, "check")
     return "failed", f"{name} line {error.line} does not compile with nvcc: {said}"
+
+
+def _start_verdict(job: Job) -> Verdict | None:
+    """The verdict of the code `job` started from, as its run's trajectory keeps it."""
+    if not isinstance(job.last, events.Result) or not job.last.output_dir:
+        return None
+    try:
+        kept = json.loads((Path(job.last.output_dir) / TRAJECTORY).read_text(encoding="utf-8"))
+        return Verdict.from_json(kept["start_verdict"]) if kept.get("start_verdict") else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _syntax_error(doc: Document) -> CompileError | None:
+    """A Python kernel that does not parse, at its line in the user's words (compiled
+    here, never run: no evaluator and no sandbox path in between)."""
+    if doc.language != "python":
+        return None
+    try:
+        compile(doc.text, Path(uri_path(doc.uri) or doc.uri).name, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        return CompileError(doc.text, error.lineno or 1, f"SyntaxError: {error.msg}", "start")
+    except ValueError as error:  # null bytes
+        return CompileError(doc.text, 1, str(error), "start")
+    return None
 
 
 def _verdict(out: bytes) -> Verdict | None:

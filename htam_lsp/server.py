@@ -450,6 +450,21 @@ async def compile_check(ls: HtamServer, *args: Any) -> dict[str, Any]:
     return ls.runs.start_check(doc, _unit(ls, doc, _position(arg)))
 
 
+@server.command("htam.bind")
+@guarded()
+async def bind(ls: HtamServer, *args: Any) -> dict[str, Any]:
+    """The binding quick fix, for a lens: the directive that binds the file to its
+    reference, sent to the client with workspace/applyEdit."""
+    arg = _argument(args)
+    doc = ls.document(arg.get("uri"))
+    unit = _unit(ls, doc, _position(arg))
+    if not insight.needs_binding(doc):
+        return {"applied": False, "message": "HTAM: this file is bound to its reference"}
+    title, edit = code_actions.binding_edit(doc, unit)
+    reply = await ls.workspace_apply_edit_async(t.ApplyWorkspaceEditParams(edit, label=title))
+    return {"applied": reply.applied, "message": reply.failure_reason or title}
+
+
 @server.command("htam.cancel")
 @guarded()
 async def cancel(ls: HtamServer, *args: Any) -> dict[str, Any]:

@@ -181,3 +181,57 @@ async def _actions(client: LanguageClient, uri: str, where: t.Position) -> list[
         )
     )
     return [a for a in found or [] if isinstance(a, t.CodeAction)]
+
+
+async def test_your_own_code_that_does_not_compile_is_said_to_be_yours_on_its_line(
+    client: LanguageClient, task: Path
+):
+    """A C++ syntax error in the user's kernel: the job says it is theirs ("your kernel
+    does not compile"), with the compiler's words and a diagnostic on that line; no
+    candidate or step is blamed. A Python syntax error is said the same way before
+    anything starts, at the file's own line, with no internal path."""
+    await initialize(client, client.spec, {**OPTIONS, "steps": 1})  # type: ignore[attr-defined]
+    good = task.read_text()
+    line = good[: good.index("float s = 0.0f;")].count("\n")  # 0-based
+    broken = good.replace("float s = 0.0f;", "float s = 0.0f", 1)
+    task.write_text(broken)
+    uri = open_file(client, task, "python")
+    answer = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.nextStep", [{"uri": uri}])
+    )
+    assert answer is not None
+    final = await wait_until(lambda: _final(client, answer["jobId"]), timeout=300)
+    said = final["message"]
+    assert final["state"] == "failed" and said.startswith("your kernel does not compile:"), said
+    assert "error" in said and "(line " in said, said
+    assert "candidate" not in said and "step 1" not in said and "kernel.cpp" not in said, said
+    yours = await wait_until(
+        lambda: [d for d in client.diagnostics.get(uri, []) if d.code == "start_compile_error"]
+    )
+    # g++ names the line after the missing `;` (where it expected one)
+    assert yours[0].range.start.line in (line, line + 1), yours[0]
+    assert yours[0].message.startswith("HTAM: your kernel does not compile here: error"), yours
+    assert not [d for d in client.diagnostics[uri] if d.code == "candidate_compile_error"]
+
+    header = "class ModelNew(nn.Module):"
+    pyline = good[: good.index(header)].count("\n")
+    client.text_document_did_change(
+        t.DidChangeTextDocumentParams(
+            t.VersionedTextDocumentIdentifier(version=2, uri=uri),
+            [t.TextDocumentContentChangeWholeDocument(good.replace(header, header[:-1], 1))],
+        )
+    )
+    refused = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.nextStep", [{"uri": uri}])
+    )
+    assert refused is not None and refused["state"] == "refused", refused
+    said = refused["message"]
+    assert said == f"your kernel does not compile: SyntaxError: expected ':' (line {pyline + 1})"
+    assert str(task.parent) not in said and "/" not in said, said
+    await wait_until(
+        lambda: [
+            d
+            for d in client.diagnostics.get(uri, [])
+            if d.code == "start_compile_error" and d.range.start.line == pyline
+        ]
+    )

@@ -141,6 +141,63 @@ async def test_unbound_cu_gets_binding_quickfix_and_static_hints(client: Languag
     assert edit.range.start == t.Position(0, 0)
 
 
+async def test_an_unbound_python_kernel_is_offered_the_binding_instead_of_optimize(
+    client: LanguageClient, tmp_path: Path
+):
+    """A `ModelNew` without `# htam: reference=`: a step could only fail (it is no
+    reference either), so its lenses bind it; a step asked for anyway is refused, naming
+    the file, and bound it gets "Optimize with HTAM"."""
+    await initialize(client, client.spec, {"allowExecution": True})  # type: ignore[attr-defined]
+    applied: list[t.ApplyWorkspaceEditParams] = []
+
+    @client.feature(t.WORKSPACE_APPLY_EDIT)
+    def on_apply(params: t.ApplyWorkspaceEditParams) -> t.ApplyWorkspaceEditResult:
+        applied.append(params)
+        return t.ApplyWorkspaceEditResult(applied=True)
+
+    shutil.copy(INLINE.parent / "relu_ref.py", tmp_path / "relu_ref.py")
+    directive, text = INLINE.read_text(encoding="utf-8").split("\n", 1)
+    assert "htam: reference=relu_ref.py" in directive and "htam:" not in text
+    path = tmp_path / "relu_new.py"
+    path.write_text(text, encoding="utf-8")
+    uri = open_file(client, path, "python")
+    doc = t.TextDocumentIdentifier(uri)
+
+    lenses = await client.text_document_code_lens_async(t.CodeLensParams(doc))
+    commands = [lens.command for lens in lenses or [] if lens.command]
+    bind = "HTAM: bind to its reference (# htam: reference=relu_ref.py)"
+    assert commands, "each kernel has a lens"
+    assert all((c.title, c.command) == (bind, "htam.bind") for c in commands), commands
+    await wait_until(lambda: any(d.code == "unbound" for d in client.diagnostics.get(uri, [])))
+    said = next(d.message for d in client.diagnostics[uri] if d.code == "unbound")
+    assert "# htam: reference=REF.py" in said and "//" not in said
+
+    refused = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams("htam.nextStep", [{"uri": uri}])
+    )
+    assert refused is not None and refused["state"] == "refused", refused
+    assert "relu_new.py is not bound" in refused["message"], refused
+    assert str(tmp_path) not in refused["message"] and "KernelBench" not in refused["message"]
+
+    answer = await client.workspace_execute_command_async(
+        t.ExecuteCommandParams(commands[0].command, commands[0].arguments)
+    )
+    assert answer is not None and answer["applied"] is True, answer
+    [asked] = applied
+    [edit] = (asked.edit.changes or {})[uri]
+    assert (edit.new_text, edit.range.start) == (directive + "\n", t.Position(0, 0))
+
+    client.text_document_did_change(
+        t.DidChangeTextDocumentParams(
+            t.VersionedTextDocumentIdentifier(version=2, uri=uri),
+            [t.TextDocumentContentChangeWholeDocument(edit.new_text + text)],
+        )
+    )
+    lenses = await client.text_document_code_lens_async(t.CodeLensParams(doc))
+    titles = [lens.command.title for lens in lenses or [] if lens.command]
+    assert titles.count("Optimize with HTAM") == len(commands) and bind not in titles, titles
+
+
 async def test_bound_cu_has_no_binding_fix_and_no_hints(client: LanguageClient):
     await initialize(client, client.spec)  # type: ignore[attr-defined]
     uri = open_file(client, BOUND, "cuda")

@@ -80,7 +80,7 @@ def test_offline_sweep_says_why_each_problem_cannot_start_and_resumes(tmp_path: 
 
 
 def test_problems_run_as_tasks_on_a_local_ray_cluster(tmp_path: Path) -> None:
-    require(None if importlib.util.find_spec("ray") else "ray is not installed (htam[ray])")
+    require(None if importlib.util.find_spec("ray") else "ray is not installed (htam-lsp[ray])")
     out = tmp_path / "bench"
     argv = [sys.executable, "-m", "htam_engine.cli", "bench", "kernelbench", str(KERNELBENCH)]
     argv += ["--level", "3", "--provider", "offline", "--out", str(out), "--ray", "local"]

@@ -724,4 +724,4 @@ def test_compile_check_blames_your_line_and_an_interpreter_change_is_one_plain_m
     vscode.shot("interpreter-changed", keep="vscode-interpreter-changed")
     assert "Sending notification" not in said and "Starting server failed" not in said, said
     assert not re.search(r"^\s*at \S+", said, re.MULTILINE), said
-    assert f"{missing} -m pip" not in said and " -m pip install htam" in said, said
+    assert f"{missing} -m pip" not in said and " -m pip install -e <path-to-htam>" in said, said

@@ -329,6 +329,9 @@ H.run({
       H.truthy(report:find('ERROR', 1, true), 'an ERROR:\n' .. report)
       local named = report:find('htam-lsp-that-does-not-exist', 1, true)
       H.truthy(named, 'names the command:\n' .. report)
+      -- from this checkout: `htam` on PyPI is an unrelated package
+      local install = 'python3 -m pip install -e ' .. vim.fn.getcwd()
+      H.truthy(report:find(install, 1, true), 'says how to install it:\n' .. report)
     end,
   },
   {
@@ -346,6 +349,8 @@ H.run({
       local msg = H.wait_message('cannot start: `htam-lsp-that-does-not-exist`', from)
       H.capture('neovim-broken-server-command', from)
       H.eq(vim.log.levels.WARN, msg.level, 'a warning')
+      local install = 'python3 -m pip install -e ' .. vim.fn.getcwd()
+      H.truthy(msg.msg:find(install, 1, true), 'how to install it from this checkout: ' .. msg.msg)
     end,
   },
   {
@@ -360,6 +365,8 @@ H.run({
       -- (htam_lsp itself may import from the working directory; its dependencies do not)
       local msg = H.wait_message('does not import in ' .. bare, from, 20000)
       H.truthy(msg.msg:find('htam-lsp exited with code 1: `htam_lsp` does not import in', 1, true), msg.msg)
+      local install = bare .. '/bin/python -m pip install -e ' .. vim.fn.getcwd()
+      H.truthy(msg.msg:find(install, 1, true), 'how to install it into that Python: ' .. msg.msg)
       H.eq(vim.log.levels.WARN, msg.level, 'a warning')
       local asked = #H.messages
       vim.cmd('HtamNext')

@@ -34,9 +34,11 @@ import {
   withTrust,
 } from "./config";
 import {
+  CHECKOUT,
   describe,
   existingInterpreter,
   findInterpreter,
+  installCommand,
   installHint,
   interpreterCandidates,
   interpreterChoices,
@@ -422,13 +424,15 @@ class Htam implements vscode.Disposable {
     return workspaceInterpreters(folders, process.platform);
   }
 
-  /** A terminal that installs htam into `python` (the user sees and runs pip). */
+  /** A terminal with the command that installs htam into `python` from a checkout (the user
+   * names the checkout, then runs pip). */
   private installHere(python = this.installTarget ?? "python3"): void {
     const terminal = vscode.window.createTerminal({ name: "HTAM: install" });
     terminal.show();
-    terminal.sendText(`${python} -m pip install htam`, false);
+    terminal.sendText(installCommand(python), false);
     void vscode.window.showInformationMessage(
-      `HTAM: press Enter in the terminal to run pip, then HTAM: Restart Server.`,
+      `HTAM: in the terminal, replace ${CHECKOUT} with your HTAM checkout and press Enter to ` +
+        "run pip, then HTAM: Restart Server.",
     );
   }
 

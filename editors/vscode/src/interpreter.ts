@@ -139,6 +139,17 @@ export async function findInterpreter(
   return { failures };
 }
 
+/** Where the user's HTAM checkout is, in an install command they complete. */
+export const CHECKOUT = "<path-to-htam>";
+
+/**
+ * The pip command that installs the server into `python`: from a checkout, as the package
+ * (`htam-lsp`) is not on PyPI yet, and `htam` there is an unrelated project.
+ */
+export function installCommand(python: string): string {
+  return `${python} -m pip install -e ${CHECKOUT}`;
+}
+
 /**
  * One message saying exactly how to make `htam-lsp` available, with an interpreter that
  * exists (`existing`): pip cannot install into one that is not there.
@@ -152,17 +163,17 @@ export function installHint(
   if (!existing) {
     return (
       why +
-      "No Python runs here: install Python 3.11 or newer, then `python3 -m pip install htam`, " +
-      "or set htam.interpreter to a Python that has it."
+      `No Python runs here: install Python 3.11 or newer, then \`${installCommand("python3")}\` ` +
+      "(a checkout of HTAM), or set htam.interpreter to a Python that has it."
     );
   }
   const named = candidates[0]?.command;
   const setIt = named === existing ? "" : `, and set htam.interpreter to ${existing}`;
   return (
     why +
-    `Install it with \`${existing} -m pip install htam\`, or from a checkout with ` +
-    `\`${existing} -m pip install -e <path-to-htam>\`${setIt}; or set htam.interpreter ` +
-    "to a Python that has it."
+    `Install it from a checkout of HTAM with \`${installCommand(existing)}\`${setIt} ` +
+    "(its package, htam-lsp, is not on PyPI yet); or set htam.interpreter to a Python " +
+    "that has it."
   );
 }
 

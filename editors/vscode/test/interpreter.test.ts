@@ -95,14 +95,14 @@ test("findInterpreter takes the first candidate that works", async () => {
   ]);
 });
 
-test("the install hint names the interpreter and both install commands", () => {
+test("the install hint names the interpreter and the install from a checkout", () => {
   const hint = installHint(
     [{ command: "/usr/bin/python3", source: "path" }],
     ["/usr/bin/python3 (from PATH): No module named 'htam_lsp'"],
     "/usr/bin/python3",
   );
-  assert.match(hint, /\/usr\/bin\/python3 -m pip install htam/);
-  assert.match(hint, /\/usr\/bin\/python3 -m pip install -e <path-to-htam>/);
+  assert.match(hint, /`\/usr\/bin\/python3 -m pip install -e <path-to-htam>`/);
+  assert.match(hint, /htam-lsp, is not on PyPI yet/);
   assert.match(hint, /No module named 'htam_lsp'/);
   assert.match(hint, /htam\.interpreter/);
 });
@@ -117,7 +117,7 @@ test("the advice never pip-installs into an interpreter that does not exist", as
     existing,
   );
   assert.doesNotMatch(hint, new RegExp(`${missing} -m pip`));
-  assert.match(hint, /`python3 -m pip install htam`/);
+  assert.match(hint, /`python3 -m pip install -e <path-to-htam>`/);
   assert.match(hint, /set htam\.interpreter to python3/);
   assert.match(installHint([], [], undefined), /No Python runs here/);
 });

@@ -73,4 +73,16 @@ function M.sync(settings)
   return settings.htam
 end
 
+--- The pip command that installs the language server into `python`: from the HTAM checkout
+--- this plugin lives in (its package, `htam-lsp`, is not on PyPI yet, and `htam` there is
+--- an unrelated project); `<path-to-htam>` where the plugin was copied out of one.
+---@param python string
+---@return string
+function M.install_command(python)
+  local here = debug.getinfo(1, 'S').source:sub(2) -- <checkout>/editors/neovim/lua/htam/config.lua
+  local checkout = vim.fn.fnamemodify(here, ':p:h:h:h:h:h')
+  local found = vim.uv.fs_stat(vim.fs.joinpath(checkout, 'pyproject.toml')) ~= nil
+  return ('%s -m pip install -e %s'):format(python, found and checkout or '<path-to-htam>')
+end
+
 return M

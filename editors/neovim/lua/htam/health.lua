@@ -1,4 +1,6 @@
 --- `:checkhealth htam`
+local config = require('htam.config')
+
 local M = {}
 
 local h = vim.health
@@ -73,8 +75,12 @@ function M.server_problem(cmd, env)
   end
   local error = found.htam_lsp
   if error ~= nil and error ~= vim.NIL then
-    return ('`htam_lsp` does not import in %s: %s (pip install htam into that Python, '
-      .. 'or setup({ cmd = { "/path/to/htam-lsp" } }))'):format(python, error)
+    return ('`htam_lsp` does not import in %s: %s (install it: %s, '
+      .. 'or setup({ cmd = { "/path/to/htam-lsp" } }))'):format(
+      python,
+      error,
+      config.install_command(python)
+    )
   end
   return nil
 end
@@ -103,7 +109,7 @@ local function check_imports(python, env)
     return
   end
   local advice = {
-    htam_lsp = ('install HTAM into the server\'s Python: %s -m pip install htam'):format(python),
+    htam_lsp = 'install HTAM into the server\'s Python: ' .. config.install_command(python),
     tree_sitter_cuda = ('%s -m pip install tree-sitter-cuda'):format(python),
     tree_sitter_python = ('%s -m pip install tree-sitter-python'):format(python),
   }
@@ -132,7 +138,7 @@ local function check_server(cfg)
     h.error(
       ('`%s` is not executable or not on $PATH'):format(cmd[1]),
       {
-        'pip install htam (it provides htam-lsp)',
+        config.install_command('python3') .. ' (it provides htam-lsp)',
         "or require('htam').setup({ cmd = { '/path/to/htam-lsp' } })",
       }
     )

@@ -97,8 +97,9 @@ local function why_no_client()
   local cmd = (vim.lsp.config[NAME] or {}).cmd
   if type(cmd) == 'table' and type(cmd[1]) == 'string' and vim.fn.executable(cmd[1]) == 0 then
     return ('the language server cannot start: `%s` is not an executable on $PATH '
-      .. '(pip install htam, or setup({ cmd = { "/path/to/htam-lsp" } })); :checkhealth htam'):format(
-      cmd[1]
+      .. '(install it: %s, or setup({ cmd = { "/path/to/htam-lsp" } })); :checkhealth htam'):format(
+      cmd[1],
+      config.install_command('python3')
     )
   end
   local exit = M.server_exit
