@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -23,6 +24,9 @@ from pathlib import Path
 from htam_engine.digest import digest
 
 DEFAULT_CFLAGS = ("-O2",)
+VECTOR_REPORT = ".vec.txt"  # beside a library: what GCC's vectorizer did with its loops
+REPORT_LINES = 12
+_REMARK = re.compile(r"kernel\.cpp:(\d+):\d+: (?:optimized|missed): +(.*)")
 
 
 class CompileError(RuntimeError):
@@ -65,14 +69,36 @@ def build_cpp(source: str, extra_cflags: list[str] | tuple[str, ...] = DEFAULT_C
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         src = Path(scratch) / "kernel.cpp"
         src.write_text(source)
-        out = Path(scratch) / "kernel.so"
+        out, remarks = Path(scratch) / "kernel.so", Path(scratch) / "remarks.txt"
+        report = [f"-fopt-info-vec-all={remarks}"] if "g++" in Path(compiler).name else []
         proc = subprocess.run(
-            [compiler, *flags, str(src), "-o", str(out)], capture_output=True, text=True
+            [compiler, *flags, *report, str(src), "-o", str(out)], capture_output=True, text=True
         )
         if proc.returncode != 0:
             raise CompileError(f"{compiler} failed with exit code {proc.returncode}", proc.stderr)
+        if remarks.exists():
+            text = vectorizer_report(remarks.read_text(errors="replace"), source)
+            library.with_suffix(VECTOR_REPORT).write_text(text)
         shutil.move(str(out), library)  # atomic within one filesystem
     return library
+
+
+def vectorizer_report(remarks: str, source: str) -> str:
+    """GCC's `-fopt-info-vec` remarks on `source`, one line a loop: its line, its text and
+    what the vectorizer did ("vectorized using 64 byte vectors", or why not)."""
+    lines = source.splitlines()
+    found: dict[int, list[str]] = {}
+    for match in _REMARK.finditer(remarks):
+        number, said = int(match.group(1)), match.group(2).strip()
+        if said.startswith(("loop vectorized", "couldn't vectorize", "not vectorized")):
+            kept = found.setdefault(number, [])
+            if said not in kept:
+                kept.append(said)
+    shown = []
+    for number, said in sorted(found.items())[:REPORT_LINES]:
+        code = lines[number - 1].strip()[:60] if 0 < number <= len(lines) else ""
+        shown.append(f"line {number} `{code}`: {'; '.join(said[:2])}")
+    return "\n".join(shown)
 
 
 def load_cpp(

@@ -51,6 +51,8 @@ def test_correct_candidate_is_verified_and_timed():
     )
     assert set(verdict.phase_seconds) == {"compile", "verify", "time"}
     assert "htam_candidate" not in sys.modules  # the caller never imports the candidate
+    # GCC's vectorizer said what it did with the candidate's loop, by its line and text
+    assert "for (" in verdict.vectorizer and "vectoriz" in verdict.vectorizer
 
 
 def test_repeated_cli_eval_answers_from_cache_in_under_a_second():

@@ -155,3 +155,24 @@ def test_the_last_failed_attempt_is_the_newest_step_that_failed_with_code() -> N
     ]
     assert last_failure(steps) == ("NEW WRONG", "outputs: 3/10 values off")
     assert last_failure(steps[3:]) is None
+
+
+def test_gccs_vectorizer_report_reaches_the_prompt_as_quoted_data() -> None:
+    from htam_engine.kernels import vectorizer_report
+
+    source = "void f(float* x, long n) {\n    for (long i = 0; i < n; ++i) x[i] *= 2;\n}\n"
+    remarks = (
+        "/tmp/a/kernel.cpp:2:24: optimized: loop vectorized using 64 byte vectors\n"
+        "/tmp/a/kernel.cpp:2:24: optimized: loop vectorized using 64 byte vectors\n"
+        "/tmp/a/kernel.cpp:1:6: note: vectorized 1 loops in function.\n"
+    )
+    report = vectorizer_report(remarks, source)
+    assert (
+        report
+        == "line 2 `for (long i = 0; i < n; ++i) x[i] *= 2;`: loop vectorized using 64 byte vectors"
+    )
+    from dataclasses import replace
+
+    block = facts.vectorizer_text(replace(verdict(0.5), vectorizer=report))
+    assert "-fopt-info-vec" in block and "loop vectorized" in block and "quoted data" in block
+    assert facts.vectorizer_text(verdict(0.5)) == ""

@@ -61,6 +61,7 @@ FULL: dict[str, Any] = {
     "compile_baseline": {"speedup": 1.1, "low": 1.0, "high": 1.2, "compile_s": 31.5},
     "builds": {"candidate": "reused", "incumbent": "kept"},
     "shape_only": True,
+    "vectorizer": "line 2 `for (long i = 0; i < n; ++i)`: loop vectorized using 64 byte vectors",
 }
 # The `htam eval --json` document's keys (README): the fields, the two interval parts as one
 JSON_KEYS = set(FULL) - {"within_run_half_width"}

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from htam_engine import roofline, stats
+from htam_engine import kernels, roofline, stats
 from htam_engine.evaluate import accounting, common, protocol, sandbox, tasks
 from htam_engine.evaluate.jobspec import ROLES, Asked, JobSpec
 from htam_engine.evaluate.process import (
@@ -206,6 +206,7 @@ _WORKER_FAILURES = frozenset(
 )
 # the kinds a reference worker's failure keeps (any other is a `reference_error`)
 _KEPT_FROM_REFERENCE = frozenset({ErrorKind.TIMEOUT, ErrorKind.CHEATING})
+VECTORIZER_CHARS = 2000
 FLOOR_SHARE = 0.5  # of the harness's own work per call: no call is charged less (`samples`)
 
 
@@ -551,6 +552,13 @@ class Judge:
         for side in self.sides.values():
             self._expect(side, "loaded", self.job.compile_s, "compile")
             freeze(side.child)  # from now on a worker runs only while it is called
+
+    def vectorizer(self) -> str:
+        """The candidate's builds' vectorizer reports (`kernels.VECTOR_REPORT`), capped."""
+        build = self.sides["candidate"].box / "build"
+        reports = sorted(build.glob(f"*{kernels.VECTOR_REPORT}")) if build.is_dir() else []
+        text = "\n".join(p.read_text(errors="replace").strip() for p in reports)
+        return text.strip()[:VECTORIZER_CHARS]
 
     # one call -------------------------------------------------------------------------
     def _expect(self, side: Side, wanted: str, limit_s: float, phase: str) -> dict[str, Any]:
@@ -1027,7 +1035,7 @@ class Judge:
     # the whole evaluation -------------------------------------------------------------
     def run(self) -> None:
         self.load()
-        self.emit(protocol.Compiled(sandbox.sandbox_mode()))
+        self.emit(protocol.Compiled(sandbox.sandbox_mode(), self.vectorizer()))
         self.wait_caller(protocol.VERIFY)
         self.verify_all()
         runtime = self.report()

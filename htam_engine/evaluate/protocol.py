@@ -49,10 +49,13 @@ class ProtocolError(ValueError):
 
 @dataclass(frozen=True)
 class Compiled:
-    """Both workers loaded their code (the candidate's compiled) in `sandbox` mode."""
+    """Both workers loaded their code (the candidate's compiled) in `sandbox` mode; what
+    GCC's vectorizer did with the candidate's C++ loops (`kernels.vectorizer_report`, as
+    its worker wrote it: text to show, never to judge by)."""
 
     EVENT: ClassVar[str] = "compiled"
     sandbox: str
+    vectorizer: str = ""
 
 
 @dataclass(frozen=True)

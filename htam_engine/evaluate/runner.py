@@ -527,7 +527,7 @@ def _phases(
     start = time.monotonic()
     compiled = answer(protocol.Compiled, limits.compile_s + limits.verify_s, "compile")
     verdict.compiled = True
-    verdict.sandbox = compiled.sandbox
+    verdict.sandbox, verdict.vectorizer = compiled.sandbox, compiled.vectorizer
     _timed(verdict, "compile", start)
     on_phase("verify")
     start = time.monotonic()

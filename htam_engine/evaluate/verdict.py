@@ -162,6 +162,9 @@ class Verdict:
     # Correct at the task's shape but wrong (or refused) at another with odd sizes (the
     # failed check `verify.other_shape` says which): no plain win to apply anywhere.
     shape_only: bool = False
+    # What GCC's vectorizer did with the candidate's C++ loops, a line a loop (CPU builds
+    # by g++; `kernels.vectorizer_report`): the compiler's feedback for the next version.
+    vectorizer: str = ""
 
     @property
     def error_kind(self) -> ErrorKind | None:
@@ -174,10 +177,11 @@ class Verdict:
 
     def summary(self) -> Verdict:
         """The verdict without its raw measurements (samples, spread, checks, load, phase
-        times, library calls, builds): what the editor's history keeps of each step."""
+        times, library calls, builds, the vectorizer's report): what the editor's history
+        keeps of each step."""
         return replace(
             self, samples={}, spread={}, checks=[], phase_seconds={}, load={},
-            allow_torch=[], torch_ops=[], scaled={}, builds={},
+            allow_torch=[], torch_ops=[], scaled={}, builds={}, vectorizer="",
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:

@@ -341,4 +341,15 @@ def facts_block(
     )
     parts = [machine_text(backend, threads), checks, task_text(reference), SYNC]
     parts.append(times_text(start, best, best_step))
+    parts.append(vectorizer_text(best if best is not None and best_step else start))
     return "\n".join(p for p in parts if p)
+
+
+def vectorizer_text(current: Verdict | None) -> str:
+    """What GCC's vectorizer did with the current code's loops ("" where it did not say)."""
+    if current is None or not current.vectorizer:
+        return ""
+    return (
+        "GCC's vectorizer on the code shown below (-fopt-info-vec; lines of the C++ source "
+        f"string, {QUOTED}):\n{fence_block(current.vectorizer)}"
+    )
