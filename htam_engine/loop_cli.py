@@ -114,13 +114,6 @@ def run(args: argparse.Namespace) -> int:
     except LLMError as error:
         raise UserError(str(error)) from None
     start_source = task.impl_source or ""
-    if not start_source and provider is None:
-        raise NoStartError(
-            f"{Path(args.task).name}: nothing to start from (Model, no ModelNew) and no LLM "
-            "to write it: set ANTHROPIC_API_KEY, OPENAI_API_KEY or HTAM_LLM_BASE_URL (or "
-            "--provider replay --cassette FILE) and htam has the LLM write ModelNew first; "
-            f"or write a ModelNew (see examples/), or pass --start FILE. Provider: {why}"
-        )
     console = Console(stderr=True, quiet=args.json or args.events)
     console.print(f"[bold]provider:[/] {why}")
     display = _Display(console, args.events, args.steps)
@@ -144,6 +137,13 @@ def run(args: argparse.Namespace) -> int:
         emit=display.emit,
     )
     result = _run_interruptibly(optimizer, console)
+    if not start_source and result.stopped.startswith(NoStartError.kind):
+        optimizer.persist()
+        raise NoStartError(
+            f"{result.stopped.removeprefix(NoStartError.kind + ': ')}; or set ANTHROPIC_API_KEY, "
+            "OPENAI_API_KEY or HTAM_LLM_BASE_URL (or --provider replay --cassette FILE) and "
+            f"htam has the LLM write ModelNew first. Provider: {why}"
+        )
     if result.stopped.startswith("reference_error"):  # no candidate can be judged
         optimizer.persist()
         why = result.stopped.removeprefix("reference_error: ")
