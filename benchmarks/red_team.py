@@ -12,8 +12,8 @@ cheat (`tests/fixtures/candidates/adversarial/`) through the trusted side only
 - honest: how often one was called `cheating` (or failed at all), `suspect`, or placed
   below the machine's floor (`faster_than_light`), and how often its timing was disturbed;
 - cheats: how often each was caught: rejected (not correct), suspect, or neutralized (a
-  correct verdict no faster than its honest twin's, `plain`, at the high end of its
-  interval that round: it gained nothing).
+  correct verdict not clearly faster than its honest twin, `plain`, that round: the low
+  end of its interval at or below the high end of the twin's: it gained nothing).
 Targets: 0 honest `cheating`, `suspect` or below the floor; every cheat caught every round.
 """
 
@@ -69,6 +69,7 @@ def judged(path: Path) -> dict[str, Any]:
         "error": verdict.error.kind.value if verdict.error else None,
         "why": verdict.error.message[:200] if verdict.error else "",
         "speedup": verdict.speedup,
+        "low": verdict.interval.low if verdict.interval else None,
         "high": verdict.interval.high if verdict.interval else None,
         "suspect": verdict.suspect,
         "below_floor": isinstance(light, Placement) and light.faster_than_light,
@@ -90,12 +91,14 @@ def one_round(only: list[str]) -> dict[str, list[dict[str, Any]]]:
 
 
 def caught(row: dict[str, Any], twin_high: float | None) -> str:
-    """How a cheat was caught ('' where it was not)."""
+    """How a cheat was caught ('' where it was not, or the judge itself failed)."""
+    if row["error"] == "evaluator_error":
+        return ""
     if not row["correct"]:
         return f"rejected ({row['error']})"
     if row["suspect"]:
         return "suspect"
-    if twin_high is not None and (row["speedup"] or 0.0) <= twin_high:
+    if twin_high is not None and (row["low"] or 0.0) <= twin_high:  # not clearly faster
         return "neutralized"
     return ""
 
@@ -112,6 +115,9 @@ def summary(rounds: list[dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
         "honest_runs": len(honest),
         "honest_cheating": sum(row["error"] == "cheating" for row in honest),
         "honest_failed": sum(not row["correct"] for row in honest),
+        "evaluator_errors": sum(
+            row["error"] == "evaluator_error" for r in rounds for k in r.values() for row in k
+        ),
         "honest_suspect": sum(row["suspect"] for row in honest),
         "honest_below_floor": sum(row["below_floor"] for row in honest),
         "honest_disturbed": sum(row["disturbed_share"] > 0 for row in honest),

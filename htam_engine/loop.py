@@ -26,15 +26,20 @@ from htam_engine.episode import (
     recorded_step_seconds,
     task_signature,
 )
+from htam_engine.errors import NoStartError
 from htam_engine.evaluate import Duel, ErrorKind, Verdict, standby
 from htam_engine.evaluate.runner import timing_threads
 from htam_engine.events import Phase, PhaseClock, Step
+from htam_engine.first_cpp import STRATEGY as FIRST_CPP
+from htam_engine.first_cpp import write_first_cpp
 from htam_engine.implement import Implemented, Measure
 from htam_engine.llm import LLMError, Provider
 from htam_engine.llm import facts as llm_facts
 from htam_engine.llm.limits import BudgetExhausted
+from htam_engine.machine import resolve_device
 from htam_engine.memory import START, Graph, LocalNode, MemoryStore
 from htam_engine.policy import (
+    OTHER,
     STOP,
     EvidenceLocalSelector,
     LocalSelector,
@@ -308,6 +313,9 @@ class Optimizer:
 
     def _step(self, number: int) -> Step | None:
         plan = self.plan(number)
+        while plan is not None and plan.decision.local_id == OTHER:  # none of it fit
+            self.runnable.set_aside.add((plan.decision.global_id, plan.current.source))
+            plan = self.plan(number)
         if plan is None:
             return None
         decision, g, local_id = plan.decision, plan.decision.global_id, plan.decision.local_id
@@ -370,6 +378,9 @@ class Optimizer:
         source = self.referee.start.source
         start = self.referee.measure(0, source)
         self.begin(Version(source, 0, start))
+        if start.error and start.error.kind == ErrorKind.COMPILE_ERROR:  # nothing to step from
+            self.stopped = f"your kernel does not compile: {start.error.message}"
+            return False
         if start.error and start.unrunnable:
             self.stopped = f"cannot run the starting implementation: {start.error.message}"
             if start.error.kind == ErrorKind.REFERENCE_ERROR:
@@ -379,17 +390,21 @@ class Optimizer:
 
     def _translate(self) -> bool:
         """Step 0 of a task without an implementation (a KernelBench problem): the LLM
-        writes a first ModelNew, measured like any candidate; False when it is not correct."""
-        if self.provider is None:
-            self.stopped = "nothing to start from and no LLM to write a first version"
-            return False
+        writes a first ModelNew (without one, htam writes naive C++ from the reference),
+        measured like any candidate; False when it is not correct."""
         self._phase(0, "generate", START, TRANSLATE)
         measure = self._measurer(0, START, TRANSLATE)
-        made = implement.first_version(self.provider, self.task, self._facts(), measure)
+        reason = "" if self.provider else f": {FIRST_CPP}"
+        if self.provider is None:
+            made = self._first_cpp(measure)
+            if made is None:
+                return False
+        else:
+            made = implement.first_version(self.provider, self.task, self._facts(), measure)
         verdict = made.verdict
         status = self.referee.status(verdict)[0] if verdict else Status.NO_CODE
         self.translation = Step(
-            0, START, TRANSLATE, "no implementation to start from", status, 0.0, None,
+            0, START, TRANSLATE, f"no implementation to start from{reason}", status, 0.0, None,
             verdict=verdict or Verdict(), source=made.code or "",
             prompt_tokens=_input_tokens(made), note=made.note, llm=made.llm,
         )  # fmt: skip
@@ -401,6 +416,21 @@ class Optimizer:
         self.begin(Version(made.code, 0, verdict))
         return True
 
+    def _first_cpp(self, measure: Measure) -> Implemented | None:
+        """Without an LLM: the reference written mechanically as naive C++, measured;
+        None (the run stopped `no_start: ...`) when htam cannot write one of its ops."""
+        try:
+            if resolve_device(self.config.device, "cpu") != "cpu":
+                raise NoStartError(
+                    f"{self.task.name}: {FIRST_CPP} runs on the CPU, not on "
+                    f"--device {self.config.device}; use an LLM provider"
+                )
+            code = write_first_cpp(self.task.reference_path)
+        except NoStartError as error:
+            self.stopped = f"{NoStartError.kind}: {error}"
+            return None
+        return Implemented(code, measure(code))
+
     # -- pieces of a step -----------------------------------------------------------
 
     def applicability(self, graph: Graph, current: Version) -> dict[str, str | None]:
@@ -408,9 +438,13 @@ class Optimizer:
         return self.runnable.of(graph, self._state(current), current.source)
 
     def _state(self, current: Version) -> State:
-        light = roofline.tags((current.verdict or Verdict()).roofline)  # memory_bound, near_limit
+        verdict = current.verdict or Verdict()
+        light = roofline.tags(verdict.roofline)  # memory_bound, near_limit
+        features = parsing.features(current.source, self.task.backend) | set(light)
+        if "loop vectorized" in verdict.vectorizer:  # GCC did, though no SIMD is written
+            features.discard("no_simd")
         state = self.episode.state(
-            parsing.features(current.source, self.task.backend) | set(light),
+            features,
             last_speedup=self.steps[-1].speedup if self.steps else None,
             best_speedup=self.result().best_speedup,
         )

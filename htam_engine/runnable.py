@@ -27,6 +27,7 @@ class Runnable:
     llm: bool
     failed: dict[str, Status | str] = field(default_factory=dict)
     tried: set[tuple[str, str]] = field(default_factory=set)  # (strategy, code) evaluated
+    set_aside: set[tuple[str, str]] = field(default_factory=set)  # (direction, code)
     llm_failures: int = 0  # consecutive generations the LLM did not answer
 
     @classmethod
@@ -45,6 +46,8 @@ class Runnable:
             return why if why == EXCLUDED else f"failed earlier in this run ({why})"
         if (node.id, source) in self.tried:
             return "already tried on the current code"
+        if (node.parent, source) in self.set_aside:
+            return "its direction was set aside for the current code (none of it fit)"
         if node.mechanical:
             rewrite = REGISTRY.get(node.mechanical)
             return rewrite.check(source) if rewrite else f"unknown rewrite {node.mechanical}"

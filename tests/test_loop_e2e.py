@@ -308,3 +308,21 @@ def test_an_ambiguous_duel_is_timed_again_and_pooled(
     assert speedup == pytest.approx(math.prod(duels) ** (1 / runs))
     assert summary.low is not None and summary.high is not None
     assert summary.low < speedup < summary.high
+
+
+def test_a_start_that_does_not_compile_is_said_to_be_yours_and_no_step_runs(
+    task: Path, tmp_path: Path, htam_home: Path
+) -> None:
+    source = task.read_text()
+    broken = source.replace("float s = 0.0f;", "float s = 0.0f")  # a missing semicolon
+    assert broken != source
+    task.write_text(broken)
+    proc = subprocess.run(
+        [sys.executable, "-m", "htam_engine.cli", "optimize", str(task), "--provider", "offline",
+         "--device", "cpu", "--steps", "2", "--json", "--output", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=900, env=environment_in(htam_home),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]  # no correct start: a failed run
+    result = json.loads(proc.stdout)
+    assert result["steps"] == []
+    assert result["stopped"].startswith("your kernel does not compile"), result["stopped"]

@@ -13,7 +13,14 @@ from helpers.llm_api_server import Reply, ScriptedAPIServer, sdk_provider
 
 from htam_engine.llm import make_provider
 from htam_engine.memory import START, Outcome, load_seed
-from htam_engine.policy import STOP, PolicyConfig, make_prefix, predicts_no_gain, select_global
+from htam_engine.policy import (
+    OTHER,
+    STOP,
+    PolicyConfig,
+    make_prefix,
+    predicts_no_gain,
+    select_global,
+)
 from htam_engine.policy.llm_chooser import LLMLocalSelector
 from htam_engine.state import PathEntry, State
 
@@ -39,6 +46,27 @@ def test_stop_is_offered_after_a_step_and_ends_with_its_reason(server: ScriptedA
     sent = server.requests[0].body
     enum = sent["response_format"]["json_schema"]["schema"]["properties"]["local"]["enum"]
     assert STOP in enum and 'answer "stop"' in sent["messages"][1]["content"]
+
+
+def test_another_direction_may_be_asked_for_and_sets_this_one_aside(
+    server: ScriptedAPIServer,
+) -> None:
+    """A direction whose strategies are all no-ops on the code used to leave only `stop`."""
+    from htam_engine.runnable import Runnable
+
+    server.script(Reply(text='{"local": "other_direction", "reason": "all pragmas here"}'))
+    selector = LLMLocalSelector(sdk_provider("openai", server))
+    graph = load_seed("cpu")
+    decision = selector.choose(graph, "vectorization", state([]), {})
+    assert decision.local_id == OTHER and decision.reason == "all pragmas here"
+    sent = server.requests[0].body
+    assert OTHER in sent["response_format"]["json_schema"]["schema"]["properties"]["local"]["enum"]
+    runnable = Runnable(llm=True)
+    runnable.set_aside.add(("vectorization", "code"))
+    node = next(iter(graph.locals_of("vectorization")))
+    why = runnable.why_not(node, state([]), "code")
+    assert why is not None and "set aside" in why
+    assert runnable.why_not(node, state([]), "other code") != why
 
 
 def test_stop_is_not_offered_before_the_first_step(server: ScriptedAPIServer) -> None:

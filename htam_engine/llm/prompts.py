@@ -71,6 +71,11 @@ STOP_NOTE = (
     'code, or the kernel is already near its limits), answer "stop" as "local": the run '
     "keeps the best implementation so far and ends, with your reason."
 )
+OTHER_NOTE = (
+    "If none of these candidates fits the current code (each would be a no-op on it, or "
+    'the wrong kind of change) but another direction might, answer "other_direction" as '
+    '"local": this direction is set aside for the current code and another is chosen.'
+)
 
 
 def _section(title: str, body: str) -> str:
@@ -265,7 +270,9 @@ def local_selection_prompt(
             _section("Candidate strategies", listed),
             "Valid ids: "
             + ", ".join([local_id for local_id, _ in candidates[:MAX_CANDIDATES]])
+            + ", other_direction"
             + (", stop" if may_stop else ""),
+            OTHER_NOTE,
             *([STOP_NOTE] if may_stop else []),
             'Answer with one JSON object: {"local": one of the valid ids, "reason": one line}',
         ]

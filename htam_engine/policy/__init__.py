@@ -11,6 +11,7 @@ from htam_engine.policy.global_select import (
     softmax,
 )
 from htam_engine.policy.local_select import (
+    OTHER,
     STOP,
     EvidenceLocalSelector,
     LocalSelector,
@@ -21,6 +22,7 @@ from htam_engine.policy.reward import reward
 
 __all__ = [
     "MODES",
+    "OTHER",
     "STOP",
     "predicts_no_gain",
     "unfit",

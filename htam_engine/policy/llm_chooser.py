@@ -17,7 +17,7 @@ from htam_engine.decisions import LocalDecision
 from htam_engine.llm import LLMError, Provider, local_selection_prompt
 from htam_engine.llm.structured import choice_schema, parse_choice
 from htam_engine.memory.model import Graph
-from htam_engine.policy.local_select import STOP, EvidenceLocalSelector
+from htam_engine.policy.local_select import OTHER, STOP, EvidenceLocalSelector
 from htam_engine.state import State
 
 
@@ -36,7 +36,8 @@ class ChoiceRecord:
 
 class LLMLocalSelector:
     """Shows the LLM the state, the chosen direction and its runnable strategies only
-    (those that fit the kernel); after the first step it may also answer `stop`."""
+    (those that fit the kernel); it may ask for another direction (`OTHER`), and after
+    the first step answer `stop`."""
 
     def __init__(self, provider: Provider, fallback: EvidenceLocalSelector | None = None) -> None:
         self.provider = provider
@@ -57,7 +58,7 @@ class LLMLocalSelector:
             facts=state.facts,
             current_code=state.code,
         )
-        answers = [*runnable, STOP] if may_stop else runnable
+        answers = [*runnable, OTHER, *([STOP] if may_stop else [])]
         try:
             completion = self.provider.complete(
                 system, prompt, purpose="local", schema=choice_schema(answers)
@@ -74,6 +75,8 @@ class LLMLocalSelector:
         self.last = ChoiceRecord(completion.form, True, f"chose {choice.local_id}")
         if choice.local_id == STOP:
             return LocalDecision(STOP, choice.reason or "no strategy left worth a step")
+        if choice.local_id == OTHER:
+            return LocalDecision(OTHER, choice.reason or "no strategy here fits the code")
         reason = choice.reason or "chosen by the LLM"
         return LocalDecision(choice.local_id, f"{reason} [LLM, {choice.form}]", ranked.ranking)
 

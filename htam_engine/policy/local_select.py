@@ -15,6 +15,7 @@ N0 = 3.0
 
 
 STOP = "stop"  # the answer that ends the run and keeps the best (`LLMLocalSelector`)
+OTHER = "other_direction"  # the answer that sets the chosen direction aside for this code
 
 
 def unfit(node: LocalNode, state: State) -> str | None:
