@@ -16,6 +16,7 @@ from htam_engine.llm import LLMError, choice_schema, make_provider, parse_choice
 from htam_engine.llm.remote import GRAMMAR_STRING_CHARS
 from htam_engine.llm.structured import bounded_strings
 from htam_engine.memory.model import load_seed
+from htam_engine.policy import OTHER
 from htam_engine.policy.llm_chooser import LLMLocalSelector
 from htam_engine.state import State
 
@@ -184,7 +185,7 @@ def test_the_selector_uses_a_structured_answer(server: ScriptedAPIServer) -> Non
     assert reason == "aliasing blocks vectorization [LLM, json_grammar]"
     assert selector.last is not None and selector.last.to_json()["valid"] is True
     enum = server.requests[0].body["response_format"]["json_schema"]["schema"]
-    assert sorted(enum["properties"]["local"]["enum"]) == sorted(runnable)
+    assert sorted(enum["properties"]["local"]["enum"]) == sorted([*runnable, OTHER])
 
 
 def test_the_selector_falls_back_on_an_answer_cut_off(server: ScriptedAPIServer) -> None:
