@@ -112,7 +112,7 @@ def is_reference(source: str) -> bool:
     """Whether `source` is a task by itself: it defines a KernelBench reference's names."""
     try:
         defined = _defined_names(source, Path("<source>"))
-    except TaskError:
+    except (TaskError, ValueError):  # not Python, or text no encoding holds (lone surrogates)
         return False
     return all(name in defined for name in _REQUIRED)
 
