@@ -139,6 +139,9 @@ function H.capture(name, from)
     table.concat(floats, '\n\n'),
     '-- messages --\n' .. table.concat(said, '\n'),
   }, '\n\n') .. '\n'
+  -- the checkout's path is this machine's: a capture names it as the docs do
+  local checkout = vim.fs.dirname(vim.fs.dirname(H.root))
+  text = text:gsub(vim.pesc(checkout), '<path-to-htam>')
   vim.fn.writefile(vim.split(text, '\n', { plain = true }), folder .. '/' .. name .. '.txt')
 end
 
