@@ -113,6 +113,7 @@ class Result:
     note: str = ""  # what the numbers can say, e.g. correctness only (not timed)
     best_low: float | None = None  # the 95 % interval of best_speedup (None: not timed)
     best_high: float | None = None
+    start_error: EvalError | None = None  # why the code the run started from failed, if it did
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,8 @@ def to_json(event: Event) -> dict[str, Any]:
         data["local_decision"] = event.local_decision.to_json() if event.local_decision else {}
         data["verdict"] = event.verdict.to_json()
         data["versus_best"] = event.versus_best.to_json() if event.versus_best else {}
+    if isinstance(event, Result):
+        data["start_error"] = event.start_error.to_json() if event.start_error else None
     return {"event": event.kind, **{_WIRE.get(k, k): v for k, v in data.items()}}
 
 
@@ -199,6 +202,8 @@ def from_json(data: Any) -> Event:
             values["local_decision"] = LocalDecision.from_json(local) if local else None
             values["verdict"] = Verdict.from_json(values.get("verdict") or {})
             values["versus_best"] = Duel.from_json(values.get("versus_best"))
+        if cls is Result and values.get("start_error"):
+            values["start_error"] = EvalError.from_json(values["start_error"])
         return cls(**values)
     except (TypeError, ValueError, KeyError, AttributeError) as error:  # a missing field
         raise EventError(f"malformed {data['event']} event: {error}") from None

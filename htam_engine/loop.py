@@ -154,6 +154,7 @@ class RunResult:
             note=self.note,
             best_low=self.best_interval[0] if self.best_interval else None,
             best_high=self.best_interval[1] if self.best_interval else None,
+            start_error=self.start_verdict.error if self.start_verdict else None,
         )
 
 

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PHASES = ("select", "generate", "compile", "verify", "time", "confirm", "update")
-TRAJECTORY = "trajectory.json"  # what htam_engine.report writes into a run's output folder
 _YOURS = "your kernel does not compile:"
 
 
@@ -225,11 +224,11 @@ class Runs:
     def _start_compiled(self, job: Job, begun: Start) -> None:
         """Where the code the job started from (the user's) did not compile, that is the
         job's word, on its line: no candidate of a step is to blame."""
-        start = _start_verdict(job) if job.state != "cancelled" else None
-        error = start.error if start is not None else None
+        ended = job.last if isinstance(job.last, events.Result) else None
+        error = ended.start_error if ended is not None else None
         if error is None or error.kind != ErrorKind.COMPILE_ERROR:
             kept = self.compile_errors.get(job.uri)
-            if start is not None and kept is not None and kept.origin == "start":
+            if ended is not None and kept is not None and kept.origin == "start":
                 del self.compile_errors[job.uri]  # it compiles now
             return
         said = compiler_words(error.message)
@@ -375,17 +374,6 @@ def _checked(
     source = data.decode("utf-8", "replace")
     runs.compile_errors[job.uri] = CompileError(source, error.line, error.message, "check")
     return "failed", f"{name} line {error.line} does not compile with nvcc: {said}"
-
-
-def _start_verdict(job: Job) -> Verdict | None:
-    """The verdict of the code `job` started from, as its run's trajectory keeps it."""
-    if not isinstance(job.last, events.Result) or not job.last.output_dir:
-        return None
-    try:
-        kept = json.loads((Path(job.last.output_dir) / TRAJECTORY).read_text(encoding="utf-8"))
-        return Verdict.from_json(kept["start_verdict"]) if kept.get("start_verdict") else None
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
 
 
 def _syntax_error(doc: Document) -> CompileError | None:

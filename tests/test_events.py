@@ -39,6 +39,17 @@ def test_every_kind_round_trips_through_its_wire_form() -> None:
             phases={"select": 0.01, "compile": 3.2, "time": 2.5},
         ),
         events.Result("run", "softmax", True, 1.5, 0.4, 2, "completed", "out"),
+        events.Result(
+            "run",
+            "softmax",
+            False,
+            None,
+            None,
+            0,
+            "your kernel does not compile",
+            "out",
+            start_error=EvalError("compile_error", "expected ';'", "", 22),
+        ),
         events.Failed("no such file", "user_error"),
     ]
     for event in samples:
