@@ -5,7 +5,7 @@ The prompts those answers are asked with are built here too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,8 +83,15 @@ def with_llm(
     return Implemented(best.code, best.verdict, best.repair_note, info)
 
 
-def facts(task: Task, start: Verdict | None, best: Verdict | None, best_step: int) -> str:
-    """The facts every prompt of `task` carries: machine, checks, shapes and times."""
+def facts(
+    task: Task,
+    start: Verdict | None,
+    best: Verdict | None,
+    best_step: int,
+    shapes: Sequence[str] = (),
+) -> str:
+    """The facts every prompt of `task` carries: machine, checks, shapes (`shapes`: the
+    judge's sizing of its inputs, where known) and times."""
     return llm_facts.facts_block(
         backend=task.backend,
         threads=timing_threads(),
@@ -93,6 +100,7 @@ def facts(task: Task, start: Verdict | None, best: Verdict | None, best_step: in
         start=start,
         best=best,
         best_step=best_step,
+        shapes=shapes,
     )
 
 

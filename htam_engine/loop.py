@@ -27,7 +27,7 @@ from htam_engine.episode import (
     task_signature,
 )
 from htam_engine.errors import NoStartError
-from htam_engine.evaluate import Duel, ErrorKind, Verdict, standby
+from htam_engine.evaluate import Duel, ErrorKind, Verdict, sizes, standby
 from htam_engine.evaluate.runner import timing_threads
 from htam_engine.events import Phase, PhaseClock, Step
 from htam_engine.first_cpp import STRATEGY as FIRST_CPP
@@ -219,6 +219,7 @@ class Optimizer:
         self.runnable = Runnable.excluding(provider is not None, config.exclude)
         self.base: Version | None = None  # a plateau candidate the next step starts from
         self.clock = PhaseClock(recorded_step_seconds(store.items(TRAJECTORIES), task.name))
+        self.shapes: tuple[str, ...] | None = None  # the task's inputs, for prompts
 
     # -- the loop -------------------------------------------------------------------
 
@@ -492,7 +493,9 @@ class Optimizer:
                                   candidates=self.config.candidates)  # fmt: skip
 
     def _facts(self) -> str:
-        return implement.facts(self.task, *self._incumbents())
+        if self.shapes is None:  # the judge's sizing, kept by content: asked once a run
+            self.shapes = sizes.estimate(self.task, self.config.device).shapes
+        return implement.facts(self.task, *self._incumbents(), shapes=self.shapes)
 
     def _times(self) -> str:
         return llm_facts.times_text(*self._incumbents())

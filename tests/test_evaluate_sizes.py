@@ -17,8 +17,9 @@ import pytest
 
 from htam_engine import sweep
 from htam_engine.errors import UserError
-from htam_engine.evaluate import runner, standby
+from htam_engine.evaluate import runner, sizes, standby
 from htam_engine.evaluate.protocol import Sized
+from htam_engine.llm import facts
 from htam_engine.paths import subdir
 from htam_engine.task import Task, load_task, scale_reference, with_policy
 
@@ -86,8 +87,22 @@ def test_the_judge_a_warm_process_started_sizes_its_problem_before_its_job(
     runner.start_ahead(task, "cpu")
     ahead = standby._SPARE.started
     assert ahead is not None
-    assert runner.size_problem(task, "cpu") == Sized(64 * 256 * 4, 64 * 256 * 4)
+    sized = Sized(64 * 256 * 4, 64 * 256 * 4, shapes=["float32[64, 256]"])
+    assert runner.size_problem(task, "cpu") == sized
     assert standby._SPARE.started is ahead and ahead.judge.popen.poll() is None
+
+
+def test_each_input_is_named_by_the_judge_however_get_inputs_builds_it(
+    tmp_path: Path, spare: None
+) -> None:
+    """A prompt's input shapes come from the judge's meta-tensor sizing: the reference
+    read statically cannot tell an input built by a chain of calls (`x0: unknown`)."""
+    task = _problem(tmp_path, inputs="[torch.randn(8, 2 * 8).abs()]")
+    assert "x0: unknown" in facts.task_text(task.reference_source)
+    shapes = sizes.estimate(task, "cpu").shapes
+    assert shapes == ("float32[8, 16]",)
+    assert "x0: float32[8, 16]" in facts.task_text(task.reference_source, shapes)
+    assert sizes.estimate(task, "cpu").shapes == shapes  # kept by content
 
 
 @pytest.mark.parametrize(

@@ -1087,8 +1087,9 @@ def _imprecise(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor) -> str
 def sizes_on_meta(path: Path) -> protocol.Sized:
     """The bytes of one input set of the reference at `path` and of its outputs, run on
     meta tensors (nothing allocated): what the caller needs to refuse a problem too large
-    before any input set exists. The reference's failure here only leaves a size unknown
-    (its evaluation reports it)."""
+    before any input set exists, and each input's shape and dtype, however `get_inputs`
+    builds them. The reference's failure here only leaves a size unknown (its evaluation
+    reports it)."""
     try:
         with torch.device("meta"):
             module = common.import_file("htam_reference_sizes", path)
@@ -1100,8 +1101,19 @@ def sizes_on_meta(path: Path) -> protocol.Sized:
         with torch.device("meta"), torch.no_grad():
             outputs = _as_list(module.Model(*module.get_init_inputs())(*inputs))
     except Exception as error:  # a forward meta tensors cannot run
-        return protocol.Sized(_bytes(inputs), None, f"outputs unknown ({type(error).__name__})")
-    return protocol.Sized(_bytes(inputs), _bytes(outputs))
+        why = f"outputs unknown ({type(error).__name__})"
+        return protocol.Sized(_bytes(inputs), None, why, _shapes(inputs))
+    return protocol.Sized(_bytes(inputs), _bytes(outputs), shapes=_shapes(inputs))
+
+
+def _shapes(values: list[Any]) -> list[str]:
+    """Each value as a prompt shows it: a tensor's dtype and shape, anything else its repr."""
+    return [
+        f"{str(v.dtype).removeprefix('torch.')}[{', '.join(map(str, v.shape))}]"
+        if isinstance(v, torch.Tensor)
+        else repr(v)[:60]
+        for v in values
+    ]
 
 
 def _bytes(values: list[Any]) -> int:

@@ -41,6 +41,7 @@ class Sized:
     inputs: int | None
     outputs: int | None
     why: str = ""
+    shapes: list[str] = field(default_factory=list)  # each input: "float32[64, 4096]"
 
 
 class ProtocolError(ValueError):
@@ -111,6 +112,7 @@ _AS: dict[str, Any] = {
     "float": float,
     "int | None": lambda v: None if v is None else int(v),
     "list[float]": lambda v: [float(x) for x in v],
+    "list[str]": lambda v: [str(x) for x in v],
     "dict[str, float]": lambda v: {str(k): float(x) for k, x in v.items()},
     "list[Check]": lambda v: [Check.from_json(check) for check in v],
 }

@@ -31,11 +31,13 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes of one input set and of its outputs (None: unknown, and why)."""
+    """Bytes of one input set and of its outputs (None: unknown, and why), and each
+    input's dtype and shape ("float32[64, 4096]"; empty where unknown)."""
 
     inputs: int | None
     outputs: int | None
     why: str = ""
+    shapes: tuple[str, ...] = ()
 
     def needs(self, limits: Limits) -> dict[str, int]:
         """What an evaluation holds, per place. A worker maps the input and output
@@ -64,11 +66,13 @@ def estimate(task: Task, device: str = "auto", limits: Limits | None = None) -> 
     """The sizes of `task`'s problem as it will run (scaled, if it is) on `device`."""
     path = _kept_at(task)
     try:
-        return Estimate(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        kept = json.loads(path.read_text())
+        if kept.get("shapes"):  # one kept before shapes were: asked again
+            return Estimate(**(kept | {"shapes": tuple(kept["shapes"])}))
+    except (OSError, ValueError, TypeError, AttributeError):
         pass
     sized = runner.size_problem(task, device, limits)
-    result = Estimate(sized.inputs, sized.outputs, sized.why)
+    result = Estimate(sized.inputs, sized.outputs, sized.why, tuple(sized.shapes))
     if result.inputs is not None:  # measured: kept (an unknown is asked again, cheaply)
         write_whole(path, json.dumps(result.__dict__))
     return result

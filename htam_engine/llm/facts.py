@@ -199,14 +199,17 @@ def _layouts(tree: ast.Module, init: list[Any]) -> list[str]:
     return found
 
 
-def task_text(reference: str) -> str:
-    """Inputs (shapes, dtypes), init arguments and parameter layouts of a reference."""
+def task_text(reference: str, shapes: Sequence[str] = ()) -> str:
+    """Inputs (shapes, dtypes), init arguments and parameter layouts of a reference;
+    `shapes`, the judge's own sizing of the inputs, where it has one (the reference read
+    statically knows only the inputs written as one `torch.randn(...)` of constants)."""
     try:
         tree = ast.parse(reference)
     except SyntaxError:
         return ""
     known = _constants(tree)
-    inputs = [_tensor(e, known) for e in _returned(_function(tree, "get_inputs"))]
+    read = [_tensor(e, known) for e in _returned(_function(tree, "get_inputs"))]
+    inputs: list[str | None] = list(shapes) or read
     init: list[Any] = []
     for e in _returned(_function(tree, "get_init_inputs")):
         try:
@@ -334,12 +337,13 @@ def facts_block(
     start: Verdict | None = None,
     best: Verdict | None = None,
     best_step: int = 0,
+    shapes: Sequence[str] = (),
 ) -> str:
     """Machine, timing, correctness, task and times: the generation prompt's facts."""
     checks = CHECKS.format(
         sets=Limits().input_sets, tolerances=_tolerances(), allowed=", ".join(allowed) or "none"
     )
-    parts = [machine_text(backend, threads), checks, task_text(reference), SYNC]
+    parts = [machine_text(backend, threads), checks, task_text(reference, shapes), SYNC]
     parts.append(times_text(start, best, best_step))
     parts.append(vectorizer_text(best if best is not None and best_step else start))
     return "\n".join(p for p in parts if p)
