@@ -326,3 +326,59 @@ def test_a_start_that_does_not_compile_is_said_to_be_yours_and_no_step_runs(
     result = json.loads(proc.stdout)
     assert result["steps"] == []
     assert result["stopped"].startswith("your kernel does not compile"), result["stopped"]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "timings", "kept"),
+    [
+        ({"speedup": 0.3}, {"speedup": 0.9}, 2, 0.9),  # a surprising regression: again
+        ({"speedup": 0.9}, {"speedup": 0.3}, 1, 0.9),  # an ordinary one: shown as measured
+        ({"speedup": 0.95, "noisy": True}, {"speedup": 1.3}, 2, 1.3),  # noise hid a win
+        ({"speedup": 0.7, "noisy": True}, {"speedup": 1.3}, 1, 0.7),  # no win, noisy or not
+        ({"speedup": 0.95, "converged": False}, {"speedup": 0.9, "noisy": True}, 2, 0.95),
+        ({"speedup": 0.3, "cached": True}, {"speedup": 0.9}, 1, 0.3),  # the cache's answer
+    ],
+    ids=["surprising", "ordinary", "noise-hid-a-win", "noisy-loss", "unsettled", "cached"],
+)
+def test_a_timing_no_one_should_act_on_is_measured_once_more(
+    task: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    first: dict,
+    second: dict,
+    timings: int,
+    kept: float,
+) -> None:
+    """The best runs at 1.0x PyTorch. A candidate measured at under half its speed, one
+    whose noisy interval reaches past the best and one whose timing did not narrow are
+    measured again before anyone is shown them; the steadier of the two is kept (a noisy
+    second timing does not replace a quiet first). Scripted timings: what is tested is
+    the rule (the real timings' path is the offline run above)."""
+    from htam_engine import loop, referee
+    from htam_engine.memory import MemoryStore
+    from htam_engine.referee import Version
+    from htam_engine.stats import Interval
+    from htam_engine.task import load_task
+
+    answers = [first, second]
+    asked: list[bool] = []
+
+    def evaluate(*_args: object, use_cache: bool, **_options: object) -> Verdict:
+        asked.append(use_cache)
+        fields = {"converged": True, **answers[len(asked) - 1]}
+        speed = fields.pop("speedup")
+        return Verdict(compiled=True, correct=True, runtime_ms=1.0, sandbox="bwrap",
+                       speedup=speed, interval=Interval(speed, speed * 0.7, speed * 1.4, 20),
+                       **fields)  # fmt: skip
+
+    monkeypatch.setattr(referee, "evaluate", evaluate)
+    store = MemoryStore(tmp_path / "home")
+    config = loop.LoopConfig(steps=1, device="cpu")
+    optimizer = loop.Optimizer(load_task(task), "", provider=None, store=store, config=config)
+    best = Verdict(compiled=True, correct=True, runtime_ms=1.0, speedup=1.0, sandbox="bwrap",
+                   interval=Interval(1.0, 0.95, 1.05, 20), converged=True)  # fmt: skip
+    optimizer.referee.begin(Version("start", 0, best))
+    verdict = optimizer.referee.measure(1, "candidate")
+    assert len(asked) == timings
+    assert asked[1:] == [False] * (timings - 1), "measured again, not read from the cache"
+    assert verdict.speedup == kept
