@@ -471,7 +471,7 @@ class Optimizer:
                 self.local_selector = EvidenceLocalSelector()
                 self.note = self.note or note
             return Implemented(None, None, note)
-        if not plan.node.mechanical:
+        if made.llm:  # the model answered
             self.runnable.llm_failures = 0
         return made
 
@@ -479,9 +479,9 @@ class Optimizer:
         """Step `number`'s candidate by the planned strategy, measured."""
         node, current = plan.node, plan.current.source
         measure = self._measurer(number, plan.decision.global_id, node.id)
-        if node.mechanical:
+        if node.mechanical and self.runnable.rewrites(node, current):
             return implement.mechanical(node.mechanical, current, measure)
-        assert self.provider is not None  # non-mechanical nodes are inapplicable offline
+        assert self.provider is not None  # the rest are inapplicable offline
         family = self.episode.family
         prompt = implement.next_version_prompt(self.task, node, family=family,
                                                signature=self.episode.signature,

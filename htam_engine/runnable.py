@@ -2,7 +2,8 @@
 
 A strategy runs when it fits the code by its own declarations, has not failed in this run
 (or, excluded, in an earlier one), was not tried on this very code, and can be written:
-its mechanical rewrite applies, or an LLM answers.
+its mechanical rewrite applies, or an LLM answers (also for a strategy whose rewrite does
+not apply to this code: a model's GEMM is no nest the register-tiling rewrite can read).
 """
 
 from __future__ import annotations
@@ -48,18 +49,32 @@ class Runnable:
             return "already tried on the current code"
         if (node.parent, source) in self.set_aside:
             return "its direction was set aside for the current code (none of it fit)"
-        if node.mechanical:
-            rewrite = REGISTRY.get(node.mechanical)
-            return rewrite.check(source) if rewrite else f"unknown rewrite {node.mechanical}"
+        if self.rewrites(node, source):
+            return None
+        refused = _rewrite_refusal(node, source)
         if not self.llm:
-            return "needs an LLM (offline provider: mechanical strategies only)"
+            return refused or "needs an LLM (offline provider: mechanical strategies only)"
         if self.llm_given_up:
-            return f"needs an LLM (it failed {LLM_FAILURES} times in a row)"
+            return refused or f"needs an LLM (it failed {LLM_FAILURES} times in a row)"
         return None
+
+    @staticmethod
+    def rewrites(node: LocalNode, source: str) -> bool:
+        """Whether `node`'s mechanical rewrite writes the next version of `source`."""
+        return bool(node.mechanical) and _rewrite_refusal(node, source) is None
 
     @property
     def llm_given_up(self) -> bool:
         return self.llm_failures >= LLM_FAILURES
+
+
+def _rewrite_refusal(node: LocalNode, source: str) -> str | None:
+    """Why `node`'s mechanical rewrite cannot rewrite `source` (None: it can, or it has
+    none)."""
+    if not node.mechanical:
+        return None
+    rewrite = REGISTRY.get(node.mechanical)
+    return rewrite.check(source) if rewrite else f"unknown rewrite {node.mechanical}"
 
 
 def restrict(graph: Graph, applicable: dict[str, str | None]) -> Graph:

@@ -126,3 +126,26 @@ def test_a_recorded_capable_model_stops_on_no_op_candidates(tmp_path: Path) -> N
                  path=[PathEntry("algorithm_fusion", "fuse_passes", "improved")])  # fmt: skip
     decision = LLMLocalSelector(provider).choose(load_seed("cpu"), "scalar_efficiency", done, {})
     assert decision.local_id == STOP and "no-op" in decision.reason
+
+
+GEMM = Path(__file__).parent / "fixtures" / "llm" / "frontier_gemm_translation.py"
+
+
+def test_a_model_may_write_a_strategy_whose_rewrite_cannot_read_its_code() -> None:
+    """A capable model's first GEMM (recorded: a transposed weight, an i-k-j nest through
+    an accumulator row) is no nest the register-tiling and loop-tiling rewrites read: they
+    were never offered to the model, which then filed its own micro-kernel under loop
+    interchange. With a model they are offered (it writes them); offline they are not,
+    with the rewrite's reason."""
+    from htam_engine import parsing
+    from htam_engine.runnable import Runnable
+
+    source = GEMM.read_text()
+    graph = load_seed("cpu")
+    kernel = State("cpu", "fused", "cpu:fused:gemm", parsing.features(source, "cpu"))
+    for wanted in ("register_tiling_cpu", "cache_block"):
+        node = graph.locals[wanted]
+        offline = Runnable(llm=False).why_not(node, kernel, source)
+        assert offline is not None and not offline.startswith("does not fit"), offline
+        assert Runnable(llm=True).why_not(node, kernel, source) is None
+        assert not Runnable.rewrites(node, source)
