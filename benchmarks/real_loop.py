@@ -154,6 +154,32 @@ def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
         "phase_seconds": [v.get("phase_seconds") or {} for v in verdicts],
         "best_source": result["best_source"],
         "stopped": result.get("stopped", ""),
+        "steps_used": len(result["steps"]),
+        **floor_fractions(best_verdict(result)),
+    }
+
+
+def best_verdict(result: dict[str, Any]) -> dict[str, Any]:
+    """The verdict of the run's best (the start's where no step was kept)."""
+    kept = [s["verdict"] for s in result["steps"] if s["step"] == result.get("best_step")]
+    return kept[0] if kept else result["start_verdict"]
+
+
+def floor_fractions(verdict: dict[str, Any]) -> dict[str, float | None]:
+    """The verdict's fraction of the roofline time (the floor counting special functions),
+    and of the old floor (bytes and FLOPs alone); None where it was not placed."""
+    placed = verdict.get("roofline") or {}
+    if "fraction" not in placed or not placed.get("roofline_ms"):
+        return {"floor_fraction": None, "old_floor_fraction": None}
+    old_ms = max(
+        placed["bytes"] / (placed["bandwidth_gbs"] * 1e9) * 1e3,
+        placed["flops"] / (placed["peak_gflops"] * 1e9) * 1e3 if placed["peak_gflops"] else 0.0,
+    )
+    fraction = placed["fraction"]
+    return {
+        "floor_fraction": fraction,
+        "old_floor_fraction": fraction * old_ms / placed["roofline_ms"],
+        "floor_bound": placed.get("bound"),
     }
 
 
@@ -180,7 +206,7 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _geomean(values: list[float]) -> float | None:
+def _geomean(values: list[float | None]) -> float | None:
     good = [v for v in values if v and v > 0]
     return math.exp(statistics.fmean(math.log(v) for v in good)) if good else None
 
@@ -199,6 +225,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "geomean_over_start": _geomean([r["best_speedup"] for r in ok]),
         "geomean_over_pytorch": _geomean([r["ref_speedup"] for r in ok]),
         "geomean_start_over_pytorch": _geomean([r["start_ref_speedup"] for r in ok]),
+        "geomean_floor_fraction": _geomean([r.get("floor_fraction") for r in ok]),
+        "geomean_old_floor_fraction": _geomean([r.get("old_floor_fraction") for r in ok]),
         "median_phase_s": {ph: _median([p.get(ph, 0.0) for p in phases]) for ph in PHASES},
         "median_wall_per_evaluation_s": _median([r["wall_s"] / (len(r["steps"]) + 1) for r in ok]),
     }
@@ -227,6 +255,7 @@ def markdown(out: dict[str, Any]) -> str:
     """Every arm's table, then the arms against the first one."""
     arms = out["arms"]
     tables = [arm_markdown(out, name, arm) for name, arm in arms.items()]
+    tables.append(floor_markdown(out))
     if len(arms) > 1:
         tables.append(comparison_markdown(out["comparison"]))
     return "\n\n".join(tables)
@@ -273,6 +302,45 @@ def arm_markdown(out: dict[str, Any], name: str, arm: dict[str, Any]) -> str:
         f"Per evaluation (median s): compile {_s(m['compile'])}, verify {_s(m['verify'])}, "
         f"time {_s(m['time'])}; wall {_s(a['median_wall_per_evaluation_s'])}.",
     ]
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
+
+
+def floor_markdown(out: dict[str, Any]) -> str:
+    """Per task and arm: the best's fraction of the floor (special functions counted) and
+    of the old floor (bytes and FLOPs), the steps used of the run's, why it stopped."""
+    arms = out["arms"]
+    head = " | ".join(f"{n}: floor / old floor / steps / stopped" for n in arms)
+    lines = [
+        f"The best against this machine's floor ({out['steps']} steps per task).",
+        "",
+        f"| task | {head} |",
+        "| --- |" + " --- |" * len(arms),
+    ]
+    runs = {name: {r["example"]: r for r in arm["runs"]} for name, arm in arms.items()}
+    for task in runs[next(iter(arms))]:
+        cells = []
+        for name in arms:
+            r = runs[name].get(task, {})
+            if "error" in r or not r:
+                cells.append(f"run failed: {error_line(r)}" if r else "-")
+                continue
+            stopped = str(r.get("stopped", "")).replace("|", "/")
+            cells.append(
+                f"{_pct(r.get('floor_fraction'))} ({r.get('floor_bound') or '-'}) / "
+                f"{_pct(r.get('old_floor_fraction'))} / {r.get('steps_used', '-')} / {stopped}"
+            )
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for name, arm in arms.items():
+        a = arm["summary"]
+        lines.append(
+            f"`{name}`: geomean of the floor {_pct(a.get('geomean_floor_fraction'))}, of the "
+            f"old floor {_pct(a.get('geomean_old_floor_fraction'))}."
+        )
     return "\n".join(lines)
 
 

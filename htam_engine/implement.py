@@ -16,7 +16,7 @@ from htam_engine.llm import Provider, attempt, best_of, generate_candidates
 from htam_engine.llm import facts as llm_facts
 from htam_engine.llm.prompts import generation_prompt, translation_prompt
 from htam_engine.memory import LocalNode
-from htam_engine.strategies import REGISTRY
+from htam_engine.strategies import REGISTRY, autotune
 from htam_engine.task import Task
 
 Measure = Callable[[str], Verdict]
@@ -39,6 +39,11 @@ def language_of(task: Task) -> tuple[str, str | None]:
 
 
 def mechanical(rewrite_id: str, current: str, measure: Measure) -> Implemented:
+    """The rewrite's candidate, measured; a rewrite with a parameter is autotuned: a few
+    values each measured, the fastest correct kept, the note naming it."""
+    tuned = autotune.tune(REGISTRY[rewrite_id], current, measure)
+    if tuned is not None:
+        return Implemented(tuned.code, tuned.verdict, tuned.note)
     code = REGISTRY[rewrite_id].apply(current)
     return Implemented(code, measure(code))
 

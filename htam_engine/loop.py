@@ -323,7 +323,8 @@ class Optimizer:
         decision, g, local_id = plan.decision, plan.decision.global_id, plan.decision.local_id
         if local_id == STOP:
             raise RunStopped(f"stop: {decision.local.reason}")
-        if predicts_no_gain(decision.global_decision, plan.state):
+        # mechanical steps cost no LLM call: offline, the run goes on while a strategy fits
+        if self.provider is not None and predicts_no_gain(decision.global_decision, plan.state):
             raise RunStopped("converged")
         self.runnable.tried.add((local_id, plan.current.source))
         self._phase(number, "generate", g, local_id)

@@ -79,6 +79,29 @@ def test_a_win_is_confirmed_only_by_an_interval_above_one() -> None:
     assert "3.00x (2.50-3.50)" in table and "| none |" in table
 
 
+def test_the_best_is_placed_against_the_floor_and_the_old_floor() -> None:
+    """The best's verdict (the kept step's, else the start's) read against the floor that
+    counts special functions and the one of bytes and FLOPs alone."""
+    script = _script()
+    placed = {  # 8 MB at 4 GB/s: 2 ms of memory; the exps bind at 4 ms; run at 8 ms
+        "fraction": 0.5, "roofline_ms": 4.0, "bytes": 8_000_000, "bandwidth_gbs": 4.0,
+        "flops": 0, "peak_gflops": 100.0, "bound": "special",
+    }  # fmt: skip
+    result = {
+        "best_step": 2, "start_verdict": {"roofline": {}},
+        "steps": [{"step": 1, "verdict": {}}, {"step": 2, "verdict": {"roofline": placed}}],
+    }  # fmt: skip
+    fractions = script.floor_fractions(script.best_verdict(result))
+    assert fractions["floor_fraction"] == 0.5
+    assert fractions["old_floor_fraction"] == pytest.approx(0.25)
+    assert script.floor_fractions(result["start_verdict"])["floor_fraction"] is None
+    run = {"example": "t", "floor_fraction": 0.5, "old_floor_fraction": 0.25, "steps_used": 3,
+           "stopped": "no applicable strategy", "floor_bound": "special"}  # fmt: skip
+    arm = {"runs": [run], "summary": {"geomean_floor_fraction": 0.5}}
+    table = script.floor_markdown({"steps": 6, "arms": {"htam": arm}})
+    assert "| t | 50 % (special) / 25 % / 3 / no applicable strategy |" in table
+
+
 def _run(task: str, best: float, *over_start: float) -> dict[str, Any]:
     steps = [
         {"status": "improved" if o > 1 else "not_improved", "over_start": o} for o in over_start

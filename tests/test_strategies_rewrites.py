@@ -16,7 +16,7 @@ EXPECTED_IDS = {
     "cpu.omp_simd", "cpu.opt_flags", "cpu.restrict", "cpu.cache_block", "cpu.vector_math",
     "cpu.branchless", "cpu.loop_order", "cpu.reciprocal", "cpu.register_tile",
     "cpu.multi_accumulator", "cpu.online_softmax", "cpu.fuse_moments", "cpu.unroll",
-    "cpu.hoist_invariants", "triton.num_warps",
+    "cpu.hoist_invariants", "cpu.fused_softmax", "triton.num_warps",
     "triton.num_stages", "triton.block_size", "triton.autotune", "triton.group_m",
 }  # fmt: skip
 # Rewrites that apply to only some examples; every other one applies to all four.
@@ -31,6 +31,7 @@ ONLY = {
     "cpu.online_softmax": set(),  # the softmax example stores its exps (its test's case)
     "cpu.fuse_moments": set(),  # no example has a mean and a variance pass
     "cpu.hoist_invariants": set(),  # no example calls math or loads in a loop on invariants
+    "cpu.fused_softmax": {"softmax"},  # the only row softmax
     "cuda.pragma_unroll": {"linear_relu"},
     "cuda.vectorize_float4": {"gelu"},
     "cuda.smem_tiling": {"matmul"},  # linear_relu's accumulator starts from the bias

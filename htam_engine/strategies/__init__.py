@@ -11,13 +11,23 @@ from htam_engine.strategies.cpu import REWRITES as _CPU
 from htam_engine.strategies.cpu_fuse import REWRITES as _CPU_FUSE
 from htam_engine.strategies.cpu_math import REWRITES as _CPU_MATH
 from htam_engine.strategies.cpu_matmul import REWRITES as _CPU_MATMUL
+from htam_engine.strategies.cpu_softmax import REWRITES as _CPU_SOFTMAX
 from htam_engine.strategies.cuda import REWRITES as _CUDA
 from htam_engine.strategies.cuda_blocks import REWRITES as _CUDA_BLOCKS
 from htam_engine.strategies.triton import REWRITES as _TRITON
 
 REGISTRY: dict[str, Rewrite] = {
     rewrite.id: rewrite
-    for rewrite in (*_CUDA, *_CUDA_BLOCKS, *_CPU, *_CPU_MATH, *_CPU_MATMUL, *_CPU_FUSE, *_TRITON)
+    for rewrite in (
+        *_CUDA,
+        *_CUDA_BLOCKS,
+        *_CPU,
+        *_CPU_MATH,
+        *_CPU_MATMUL,
+        *_CPU_FUSE,
+        *_CPU_SOFTMAX,
+        *_TRITON,
+    )
 }
 
 __all__ = ["REGISTRY", "NotApplicable", "Rewrite"]

@@ -20,11 +20,26 @@ from htam_engine.parsing import python_source, text
 LOW_OPT = {"-O0", "-O1", "-O2", "-Os", "-Og"}  # optimization levels a rewrite replaces by -O3
 Edit = tuple[int, int, str]  # (start byte, end byte, replacement) in the file's bytes
 Plan = list[Edit] | str  # edits, or why the rewrite does not apply
+Planner = Callable[[bytes], Plan]  # a whole file's bytes -> plan
 CodePlanner = Callable[[bytes, Node], Plan]  # (C++/CUDA source bytes, root) -> plan
 
 
 class NotApplicable(ValueError):
     """`apply` was called on a source the rewrite does not apply to."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """A number a rewrite writes into the code (an unroll factor, a tile or block size,
+    accumulators), the values an autotuning step tries, `default` first."""
+
+    name: str
+    default: int
+    values: tuple[int, ...]
+
+    def tried(self) -> tuple[int, ...]:
+        """The values in the order an autotuning step measures them: the default first."""
+        return (self.default, *(v for v in self.values if v != self.default))
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,10 @@ class Rewrite:
     # the memory scores equally, a compound is tried first (one step reaches what the
     # single edits, each refused alone, never do)
     compound: bool = False
+    # a parameter of the rewrite and the planner for each of its values (`planner` is the
+    # default's): an autotuning step measures the variants and keeps the fastest
+    param: Param | None = None
+    tuned: Callable[[int], Planner] | None = None
 
     def check(self, source: str) -> str | None:
         """None when the rewrite applies to `source`, else a short reason why not."""
@@ -51,6 +70,30 @@ class Rewrite:
         if isinstance(plan, str):
             raise NotApplicable(f"{self.id}: {plan}")
         return apply_edits(source.encode(), plan).decode()
+
+    def variants(self, source: str) -> list[tuple[int, str]]:
+        """(value, rewritten source) for each value of the parameter, the default first,
+        distinct sources only; [] for a rewrite without one or that does not apply."""
+        if self.param is None or self.tuned is None or self.check(source) is not None:
+            return []
+        found: dict[str, int] = {}
+        for value in self.param.tried():
+            plan = self.tuned(value)(source.encode())
+            if not isinstance(plan, str):
+                found.setdefault(apply_edits(source.encode(), plan).decode(), value)
+        return [(value, code) for code, value in found.items()]
+
+
+def tunable(
+    rewrite_id: str,
+    backend: str,
+    description: str,
+    param: Param,
+    tuned: Callable[[int], Planner],
+    compound: bool = False,
+) -> Rewrite:
+    """A rewrite whose `param` an autotuning step tries (`tuned(value)` plans with it)."""
+    return Rewrite(rewrite_id, backend, description, tuned(param.default), compound, param, tuned)
 
 
 def apply_edits(data: bytes, edits: list[Edit]) -> bytes:

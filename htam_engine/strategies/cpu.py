@@ -4,6 +4,7 @@ cache blocking."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from tree_sitter import Node
 
@@ -14,6 +15,7 @@ from htam_engine.strategies.base import (
     LOW_OPT,
     CodePlanner,
     Edit,
+    Param,
     Plan,
     Rewrite,
     code_plan,
@@ -21,10 +23,11 @@ from htam_engine.strategies.base import (
     flag_plan,
     indent_of,
     insert_line_before,
+    tunable,
 )
 from htam_engine.strategies.cuda import pointer_qualifier_edits
 
-TILE = 64
+TILE = Param("tile", 64, (32, 64, 128))  # the cache block's edge, in elements
 
 
 def _pragma_edit(code: bytes, loop: Node, own: str, extra: str, merge_with: str) -> Edit:
@@ -135,7 +138,7 @@ def _nest(node: Node) -> list[analysis.Loop] | None:
     return loops
 
 
-def plan_cache_block(code: bytes, root: Node) -> Plan:
+def plan_cache_block(code: bytes, root: Node, tile: int = TILE.default) -> Plan:
     edits: list[Edit] = []
     for fn in cxx_source.functions(root):
         for node in analysis.outermost_loops(fn):
@@ -143,7 +146,7 @@ def plan_cache_block(code: bytes, root: Node) -> Plan:
             if loops is not None and cpu_matmul.reorders(code, node):
                 return "the nest's loop order does not match its layout: reorder it first"
             if loops is not None:
-                edits.append((node.start_byte, node.end_byte, _tiled(code, node, loops)))
+                edits.append((node.start_byte, node.end_byte, _tiled(code, node, loops, tile)))
     if edits:
         return edits
     if "blocked_loops" in parsing.features(code, "cpu"):
@@ -151,7 +154,7 @@ def plan_cache_block(code: bytes, root: Node) -> Plan:
     return "no perfectly nested i/j/k loop nest accumulating with +="
 
 
-def _tiled(code: bytes, node: Node, loops: list[analysis.Loop]) -> str:
+def _tiled(code: bytes, node: Node, loops: list[analysis.Loop], tile: int) -> str:
     """Tile loops (i, j, k) then the point loops in (i, k, j) order: for each (i, j) the
     k sum keeps its order, and the innermost loop walks the output row."""
     pad = indent_of(code, node)
@@ -162,11 +165,11 @@ def _tiled(code: bytes, node: Node, loops: list[analysis.Loop]) -> str:
         bound = text(loop.bound)
         lines.append(
             f"{pad}{'    ' * depth}for ({loop.type} {loop.var}_blk = 0; {loop.var}_blk < {bound};"
-            f" {loop.var}_blk += {TILE}) {{"
+            f" {loop.var}_blk += {tile}) {{"
         )
     for depth, loop in enumerate((loops[0], loops[2], loops[1]), start=3):
         v, bound = loop.var, text(loop.bound)
-        end = f"({v}_blk + {TILE} < {bound} ? {v}_blk + {TILE} : {bound})"
+        end = f"({v}_blk + {tile} < {bound} ? {v}_blk + {tile} : {bound})"
         lines.append(f"{pad}{'    ' * depth}for ({loop.type} {v} = {v}_blk; {v} < {end}; ++{v}) {{")
     lines.append(f"{pad}{'    ' * 6}{text(statement)}")
     lines += [f"{pad}{'    ' * depth}}}" for depth in range(5, -1, -1)]
@@ -212,10 +215,11 @@ REWRITES = [
         "__restrict__ on pointer parameters",
         cpp(plan_restrict),
     ),
-    Rewrite(
+    tunable(
         "cpu.cache_block",
         "cpu",
-        f"tile a simple i/j/k loop nest by {TILE} (point loops in i/k/j order)",
-        cpp(plan_cache_block),
+        f"tile a simple i/j/k loop nest (autotuned: {TILE.values}; point loops in i/k/j order)",
+        TILE,
+        lambda tile: cpp(partial(plan_cache_block, tile=tile)),
     ),
 ]

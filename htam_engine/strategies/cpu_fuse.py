@@ -10,16 +10,18 @@ and fewer expensive operations inside an inner loop.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from tree_sitter import Node
 
 from htam_engine.parsing import cxx_source, text, walk
 from htam_engine.strategies import analysis
 from htam_engine.strategies.analysis import substitute
-from htam_engine.strategies.base import Edit, Plan, Rewrite, cpp, indent_of
+from htam_engine.strategies.base import Edit, Param, Plan, Rewrite, cpp, indent_of, tunable
 from htam_engine.strategies.cpu_math import PURE_CALLS, invariant, scalar_types
 
-LANES = 4
+LANES = Param("accumulators", 4, (2, 4, 8))  # independent partial results of a reduction
+UNROLL = Param("unroll", 4, (2, 4, 8))  # the factor of `#pragma GCC unroll`
 FLOATING = ("float", "double")
 
 
@@ -79,7 +81,9 @@ def _unit_stride_only(body: Node, var: str) -> bool:
     return all(index is not None and analysis.unit_stride(index, var) for index in subscripts)
 
 
-def _split_plan(code: bytes, node: Node, types: dict[str, str], taken: set[str]) -> Edit | str:
+def _split_plan(
+    code: bytes, node: Node, types: dict[str, str], taken: set[str], lanes: int
+) -> Edit | str:
     pragma = cxx_source.loop_pragma(node)
     if "simd" in pragma:
         return "the loop is already omp simd (the vectorizer keeps its own partial results)"
@@ -107,36 +111,36 @@ def _split_plan(code: bytes, node: Node, types: dict[str, str], taken: set[str])
             "math) vectorizes it, where split accumulators would keep it scalar"
         )
     pad, var, start, bound = indent_of(code, node), loop.var, text(loop.start), text(loop.bound)
-    lanes = {n: [_fresh(f"{n}_{k}", taken) for k in range(1, LANES)] for n in sorted(reductions)}
+    names = {n: [_fresh(f"{n}_{k}", taken) for k in range(1, lanes)] for n in sorted(reductions)}
     lines = ["{"]
-    for name, names in lanes.items():
+    for name, partials in names.items():
         kind, op = types[name], reductions[name]
-        inits = ", ".join(f"{lane} = {_lane_init(op, name, kind)}" for lane in names)
+        inits = ", ".join(f"{lane} = {_lane_init(op, name, kind)}" for lane in partials)
         lines.append(f"    {kind} {inits};")
     # no declaration in either loop: the split loops are not candidates for a second split
     lines.append(f"    {loop.type} {var} = {start};")
-    lines.append(f"    for (; {var} + {LANES - 1} < {bound}; {var} += {LANES}) {{")
-    for k in range(LANES):
-        renames = {name: names[k - 1] for name, names in lanes.items()} if k else {}
+    lines.append(f"    for (; {var} + {lanes - 1} < {bound}; {var} += {lanes}) {{")
+    for k in range(lanes):
+        renames = {name: partials[k - 1] for name, partials in names.items()} if k else {}
         if k:
             renames[var] = f"({var} + {k})"
         lines.append(f"        {_block(body, renames, pad, ' ' * 8)}")
     lines.append("    }")
     lines.append(f"    for (; {var} < {bound}; ++{var}) {_block(body, {}, pad, ' ' * 4)}")
-    for name, names in lanes.items():
-        lines += [f"    {line}" for line in _combine(reductions[name], name, names)]
+    for name, partials in names.items():
+        lines += [f"    {line}" for line in _combine(reductions[name], name, partials)]
     lines.append("}")
     return (node.start_byte, node.end_byte, f"\n{pad}".join(lines))
 
 
-def plan_multi_accumulator(code: bytes, root: Node) -> Plan:
+def plan_multi_accumulator(code: bytes, root: Node, lanes: int = LANES.default) -> Plan:
     edits: list[Edit] = []
     reasons: list[str] = []
     for fn in cxx_source.functions(root):
         types = scalar_types(fn)
         taken = {text(n) for n in walk(fn) if n.type == "identifier"}
         for node in cxx_source.innermost_loops(fn):
-            plan = _split_plan(code, node, types, taken)
+            plan = _split_plan(code, node, types, taken, lanes)
             if isinstance(plan, str):
                 reasons.append(plan)
             else:
@@ -155,7 +159,7 @@ def _best_reason(reasons: list[str], default: str) -> str:
 
 # -- fused passes: online softmax, one-pass moments ---------------------------------------
 
-BLOCK = 256  # elements per block of the online softmax: the block is re-read from L1
+BLOCK = Param("block", 256, (256, 1024, 4096))  # elements per block of the online softmax
 EXP_CALLS = ("expf", "exp")
 
 
@@ -220,7 +224,7 @@ def _exp_of_difference(node: Node | None, m: str) -> bool:
 
 
 def _softmax_pair(
-    code: bytes, first: Node, between: list[Node], second: Node, taken: set[str]
+    code: bytes, first: Node, between: list[Node], second: Node, taken: set[str], block: int
 ) -> Edit | str:
     """A max pass then `s += expf(x - m)` pass -> one blocked pass: each block's max, the
     running sum rescaled by expf(m_old - m) when the max grows, the block's exps."""
@@ -250,20 +254,20 @@ def _softmax_pair(
         analysis.mentions(b, {m}) or b.type != "declaration" for b in between
     ):
         return "the statements between the passes are not declarations independent of the max"
-    return _blocked_softmax(code, first, between, second, max_loop, sum_loop, m, s, taken)
+    loops = (max_loop, sum_loop)
+    return _blocked_softmax(code, (first, between, second), loops, m, s, taken, block)
 
 
 def _blocked_softmax(
     code: bytes,
-    first: Node,
-    between: list[Node],
-    second: Node,
-    max_loop: analysis.Loop,
-    sum_loop: analysis.Loop,
+    passes: tuple[Node, list[Node], Node],
+    loops: tuple[analysis.Loop, analysis.Loop],
     m: str,
     s: str,
     taken: set[str],
+    block: int,
 ) -> Edit:
+    (first, between, second), (max_loop, sum_loop) = passes, loops
     pad, var, kind = indent_of(code, first), max_loop.var, max_loop.type
     starts = [text(max_loop.start), text(sum_loop.start)]
     if all(start.isdigit() for start in starts):
@@ -279,9 +283,9 @@ def _blocked_softmax(
     )
     bound = text(max_loop.bound)
     lines = [text(b) for b in between]
-    lines.append(f"for ({kind} {blk} = {low}; {blk} < {bound}; {blk} += {BLOCK}) {{")
+    lines.append(f"for ({kind} {blk} = {low}; {blk} < {bound}; {blk} += {block}) {{")
     lines.append(
-        f"    const {kind} {stop} = {blk} + {BLOCK} < {bound} ? {blk} + {BLOCK} : {bound};"
+        f"    const {kind} {stop} = {blk} + {block} < {bound} ? {blk} + {block} : {bound};"
     )
     lines.append(f"    const auto {old} = {m};")
     for node, start in ((first, starts[0]), (second, starts[1])):
@@ -413,7 +417,7 @@ def _fuse_plan(
 # -- unroll pragmas ---------------------------------------------------------------------
 
 
-def plan_unroll(code: bytes, root: Node) -> Plan:
+def plan_unroll(code: bytes, root: Node, factor: int = UNROLL.default) -> Plan:
     edits: list[Edit] = []
     reasons: list[str] = []
     for fn in cxx_source.functions(root):
@@ -429,7 +433,7 @@ def plan_unroll(code: bytes, root: Node) -> Plan:
                     (
                         node.start_byte,
                         node.start_byte,
-                        f"#pragma GCC unroll {LANES}\n{indent_of(code, node)}",
+                        f"#pragma GCC unroll {factor}\n{indent_of(code, node)}",
                     )
                 )
     return edits or _best_reason(reasons, "no innermost loop")
@@ -514,17 +518,24 @@ def plan_hoist(code: bytes, root: Node) -> Plan:
     return edits or _best_reason(reasons, "no innermost loop")
 
 
+def _online_softmax(block: int) -> Callable[[bytes], Plan]:
+    def pair(
+        code: bytes, first: Node, between: list[Node], second: Node, _: object, taken: set[str]
+    ) -> Edit | str:
+        return _softmax_pair(code, first, between, second, taken, block)
+
+    return cpp(_fuse_plan(pair, "no two consecutive passes"))
+
+
 REWRITES = [
-    Rewrite(
+    tunable(
         "cpu.online_softmax",
         "cpu",
-        f"a max pass then a sum-of-expf(x - max) pass fused into one pass over blocks of {BLOCK} "
-        "(block max, running sum rescaled by expf(old - new max) when it grows)",
-        cpp(
-            _fuse_plan(
-                lambda c, f, b, s, _t, n: _softmax_pair(c, f, b, s, n), "no two consecutive passes"
-            )
-        ),
+        "a max pass then a sum-of-expf(x - max) pass fused into one pass over blocks "
+        f"(autotuned: {BLOCK.values} elements; block max, running sum rescaled by "
+        "expf(old - new max) when it grows)",
+        BLOCK,
+        _online_softmax,
     ),
     Rewrite(
         "cpu.fuse_moments",
@@ -533,18 +544,21 @@ REWRITES = [
         "and the sum of squares in double",
         cpp(_fuse_plan(_moments_pair, "no two consecutive passes")),
     ),
-    Rewrite(
+    tunable(
         "cpu.multi_accumulator",
         "cpu",
-        f"a float sum/max/min reduction loop split into {LANES} independent accumulators "
-        "combined after the loop, with a remainder loop",
-        cpp(plan_multi_accumulator),
+        f"a float sum/max/min reduction loop split into independent accumulators (autotuned: "
+        f"{LANES.values}) combined after the loop, with a remainder loop",
+        LANES,
+        lambda lanes: cpp(partial(plan_multi_accumulator, lanes=lanes)),
     ),
-    Rewrite(
+    tunable(
         "cpu.unroll",
         "cpu",
-        f"#pragma GCC unroll {LANES} on innermost counted loops without a pragma",
-        cpp(plan_unroll),
+        f"#pragma GCC unroll N (autotuned: {UNROLL.values}) on innermost counted loops "
+        "without a pragma",
+        UNROLL,
+        lambda factor: cpp(partial(plan_unroll, factor=factor)),
     ),
     Rewrite(
         "cpu.hoist_invariants",
