@@ -53,7 +53,7 @@ from htam_engine.state import State
 from htam_engine.strategies.plateau import plateau_base
 from htam_engine.task import Task
 from htam_engine.triton_backend import CORRECTNESS_ONLY
-from htam_engine.vocabulary import Status
+from htam_engine.vocabulary import NOTHING_APPLIES, Status
 
 Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
@@ -253,7 +253,7 @@ class Optimizer:
                 self.stopped = str(stop)
                 break
             if record is None:
-                self.stopped = "no applicable strategy"
+                self.stopped = NOTHING_APPLIES
                 break
             self.steps.append(record)
             self.persist()

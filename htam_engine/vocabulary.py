@@ -22,6 +22,9 @@ LANGUAGES: tuple[Language, ...] = get_args(Language)
 Provider = Literal["auto", "anthropic", "openai", "replay", "offline"]
 PROVIDERS: tuple[Provider, ...] = get_args(Provider)
 
+# A run's `stopped` when no strategy could be tried on its code (all excluded or none fits).
+NOTHING_APPLIES = "no applicable strategy"
+
 # How many steps one job of the server may take (its settings, htam.optimize, the editors).
 MIN_STEPS = 1
 MAX_STEPS = 100

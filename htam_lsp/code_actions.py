@@ -16,7 +16,7 @@ from htam_lsp.diagnostics import unbound_diagnostic
 from htam_lsp.discovery import Unit
 from htam_lsp.documents import Document
 from htam_lsp.llm_provider import provider
-from htam_lsp.offers import also_adds, minimal_change, offered, position_json, suggestion_facts
+from htam_lsp.offers import minimal_change, offered, position_json, suggestion_facts
 from htam_lsp.positions import encode
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def suggestion_actions(ls: HtamServer, doc: Document, unit: Unit) -> list[t.Code
         data = {"uri": doc.uri, "kernel": unit.name, **suggestion_facts(record)}
         node = graph.locals.get(record.step.local_id)
         action = t.CodeAction(
-            title=render.action_title(graph, record, also_adds(graph, doc, s)),
+            title=render.action_title(graph, record),
             kind=f"{ACTION_KIND}.{record.step.local_id}",
             is_preferred=rank == 0 and not record.non_portable,
             data=data,

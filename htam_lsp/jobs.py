@@ -24,7 +24,6 @@ import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from htam_engine import events
@@ -38,7 +37,6 @@ LINE_LIMIT = 32 * 1024 * 1024  # a step event carries the whole candidate source
 NICENESS = 19  # batch work: the editor wins any contention; idle CPUs still go to the job
 GRACE_S = 5.0  # between SIGTERM and SIGKILL
 TERMINAL = TERMINAL_JOB_STATES
-PLOT = "speedup.png"  # what htam_engine.report writes into a run's output folder
 _ids = itertools.count(1)
 
 
@@ -47,8 +45,9 @@ class Job:
     """One run of `htam optimize` for one kernel, as the editor sees it."""
 
     uri: str
-    kernel: str
+    kernel: str  # what the user calls it: their kernel function, else the file
     steps: int
+    unit: str = ""  # the unit that names the file's task (where its lens shows the job)
     id: str = field(default_factory=lambda: f"htam-{os.getpid()}-{next(_ids)}")
     state: JobState = "queued"
     step: int = 0
@@ -62,7 +61,7 @@ class Job:
     steps_done: int = 0
     last: events.Result | events.Failed | None = None  # the engine's own ending
     records: dict[int, int] = field(default_factory=dict)  # engine step -> its record's number
-    excluded: tuple[str, ...] = ()  # strategies that failed on this code in earlier jobs
+    excluded: tuple[str, ...] = ()  # strategies that did not help on this code in earlier jobs
     task: asyncio.Task[None] | None = None
 
     @property
@@ -142,7 +141,7 @@ def optimize_argv(
 ) -> list[str]:
     """The documented `htam optimize` command line for one job, at a lower CPU priority
     (`nice`) so that compiles and timings do not slow the editor down; `exclude`: the
-    strategies that failed on this code in earlier jobs (never retried)."""
+    strategies that did not help on this code in earlier jobs (never retried)."""
     nice = shutil.which("nice")
     argv = [nice, "-n", str(NICENESS)] if nice else []
     argv += [sys.executable, "-m", engine_module(), "optimize", task, "--start", start]
@@ -217,22 +216,13 @@ class JobManager:
         await self.cool()
         return None
 
-    def create(self, uri: str, kernel: str, steps: int) -> Job:
-        job = Job(uri, kernel, steps)
+    def create(self, uri: str, kernel: str, steps: int, unit: str = "") -> Job:
+        job = Job(uri, kernel, steps, unit or kernel)
         self.jobs[job.id] = job
         return job
 
     def active(self, uri: str) -> Job | None:
         return next((j for j in self.jobs.values() if j.uri == uri and not j.finished), None)
-
-    def last_plot(self, uri: str) -> str | None:
-        """The speedup plot the engine wrote for the file's newest finished run (a step
-        optimizes the whole file, wherever the cursor was)."""
-        for job in reversed(list(self.jobs.values())):
-            if job.uri == uri and isinstance(job.last, events.Result):
-                plot = Path(job.last.output_dir) / PLOT
-                return str(plot) if plot.is_file() else None
-        return None
 
     def by_token(self, token: Any) -> Job | None:
         return next((j for j in self.jobs.values() if j.token == token), None)

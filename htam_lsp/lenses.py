@@ -27,7 +27,7 @@ def lenses(ls: HtamServer, doc: Document) -> list[t.CodeLens]:
             continue
         where = ls.lsp_range(doc, unit.name_start, unit.name_end)
         argument = {"uri": doc.uri, "position": position_json(where.start)}
-        if job is not None and job.kernel == unit.name:
+        if job is not None and job.unit == unit.name:
             title = f"HTAM: {job.message or job.state} (cancel)"
             command = t.Command(title, "htam.cancel", arguments=[{"jobId": job.id}])
         elif unbound:

@@ -10,7 +10,7 @@ from htam_lsp import insight, render
 from htam_lsp import suggestions as sg
 from htam_lsp.discovery import Unit
 from htam_lsp.documents import Document
-from htam_lsp.offers import applied_text, offered
+from htam_lsp.offers import also_adds, applied_text, offered
 from htam_lsp.symbols import unit_detail
 
 if TYPE_CHECKING:
@@ -23,14 +23,15 @@ def explain(ls: HtamServer, doc: Document, unit: Unit) -> str:
     graph = ls.graph(insight.backend(doc))
     history = ls.records.history(doc.uri)
     offer = offered(ls, doc)
-    diff = None
+    diff, said = None, None
     if offer.suggestions:
+        best = offer.suggestions[0]
         name = PurePosixPath(doc.uri).name
-        diff = render.unified_diff(doc.text, applied_text(doc, offer.suggestions[0]), name)
+        diff = render.unified_diff(doc.text, applied_text(doc, best), name)
+        said = render.suggestion_text(graph, best.record, also_adds(graph, doc, best))
     preview = None if history else insight.preview(doc, unit, graph)
-    parts = render.HoverParts(
-        f"`{unit.name}` ({unit_detail(unit)})", history, diff, preview, notes(ls, graph, offer)
-    )
+    title = f"`{unit.name}` ({unit_detail(unit)})"
+    parts = render.HoverParts(title, history, diff, preview, notes(ls, graph, offer), said)
     return render.hover_markdown(graph, parts)
 
 
@@ -38,9 +39,12 @@ def notes(ls: HtamServer, graph: Graph, offer: sg.Offer) -> list[str]:
     notes = [
         f"Applied: {render.move(graph, r.step)}: {render.gain_text(r)}" for r in offer.applied[-1:]
     ]
-    if offer.dropped:
+    # Alternatives to an applied candidate, measured against the same code, are superseded.
+    superseded = {r.start for r in offer.applied}
+    dropped = [r for r in offer.dropped if r.start not in superseded]
+    if dropped:
         notes.append(
-            f"{len(offer.dropped)} measured candidate(s) no longer apply: the kernel's text "
+            f"{len(dropped)} measured candidate(s) no longer apply: the kernel's text "
             "changed since they were measured. Run a step again."
         )
     if offer.untimed and not offer.suggestions:

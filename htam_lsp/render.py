@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -20,6 +21,16 @@ if TYPE_CHECKING:
 
 DIFF_LINES = 80
 TOP_DIRECTIONS = 5
+PHASE_WORDS = {  # a step's phases (`Step.phases`), in order, as the user knows them
+    "select": "choosing a strategy",
+    "generate": "writing the candidate (model wait)",
+    "compile": "compiling",
+    "verify": "checking correctness",
+    "time": "timing",
+    "confirm": "confirming in pairs",
+    "update": "learning",
+}
+_MARKUP = re.compile(r"([\\`*_\[\]<])")  # what Markdown would read as markup
 
 
 def node_name(graph: Graph, node_id: str) -> str:
@@ -72,21 +83,31 @@ def gain_text(record: StepRecord) -> str:
 
 
 def unconfirmed_text(record: StepRecord) -> str:
-    """`not confirmed faster: 0.96x (95 % 0.64-1.42) vs your code, in pairs (est.
-    1.39x)`, or, for a step never timed in pairs, `not timed in pairs (est. 1.39x)`."""
-    claim, estimate = record.claim, f"est. {format_speedup(record.estimate)}"
+    """One number for one verdict: `not confirmed faster: 0.96x (95 % 0.64-1.42) vs your
+    code, in pairs`, `slower: 0.63x (95 % 0.60-0.66) vs your code, in pairs`, or, for a
+    step never timed in pairs, `not timed in pairs (est. 1.39x)` / `slower (est. 0.63x, not
+    timed in pairs)`."""
+    claim = record.claim
     if claim is None:
-        return f"not timed in pairs ({estimate})"
+        estimate = f"est. {format_speedup(record.estimate)}"
+        slower = record.estimate is not None and record.estimate < 1.0
+        return (
+            f"slower ({estimate}, not timed in pairs)"
+            if slower
+            else f"not timed in pairs ({estimate})"
+        )
     against = "your code" if claim.versus == 0 else f"#{claim.versus}"
     said = format_bounded(claim.speedup, claim.bounds)
-    return f"not confirmed faster: {said} vs {against}, in pairs ({estimate})"
+    verdict = "slower" if claim.high < 1.0 else "not confirmed faster"
+    return f"{verdict}: {said} vs {against}, in pairs"
 
 
 def below_text(record: StepRecord, threshold: float) -> str:
     """Why a measured candidate is not offered: `best 1.15x (95 % 1.02-1.30): the lower
-    bound of its 95 % interval is under 1.10x`, or that the engine did not confirm it."""
+    bound of its 95 % interval is under 1.10x`, or the closest one's verdict when the
+    engine did not confirm it faster (never called "best")."""
     if not record.confirmed:
-        return f"best {unconfirmed_text(record)}"
+        return f"closest: {unconfirmed_text(record)}"
     return (
         f"best {interval_text(record)}: the lower bound of its 95 % interval is under "
         f"{format_speedup(threshold)}"
@@ -98,15 +119,26 @@ def move(graph: Graph, step: events.Step) -> str:
     return f"{node_name(graph, step.global_id)} -> {node_name(graph, step.local_id)}"
 
 
-def action_title(graph: Graph, record: StepRecord, also: Sequence[str]) -> str:
-    """`HTAM: apply Data Reuse -> tiling: 1.46x faster than your code (0.42 -> 0.29 ms;
-    PyTorch 0.25 ms), correct on 3 inputs; also <what else the edit adds>`, with edits
-    that hold only on this machine labelled first, like ruff's unsafe fixes."""
+def action_title(graph: Graph, record: StepRecord) -> str:
+    """Short enough for any code action menu: `HTAM: apply Data Reuse -> tiling: 1.46x
+    faster (95 % 1.41-1.52)`, edits that hold only on this machine labelled, like ruff's
+    unsafe fixes. What it measured and changed: `suggestion_text`, the hover, the diff."""
+    label = f" [non-portable: {', '.join(record.non_portable)}]" if record.non_portable else ""
+    claim = record.claim
+    gain = unconfirmed_text(record)
+    if claim is not None and claim.confirmed:
+        than = "" if claim.versus == 0 else f" than #{claim.versus}"
+        gain = f"{format_speedup(claim.speedup)} faster{than} ({format_bounds(claim.bounds)})"
+    return f"HTAM: apply {move(graph, record.step)}{label}: {gain}"
+
+
+def suggestion_text(graph: Graph, record: StepRecord, also: Sequence[str]) -> str:
+    """`Data Reuse -> tiling: 1.46x faster than your code (95 % 1.41-1.52; 0.42 -> 0.29
+    ms; PyTorch 0.25 ms), correct on 3 inputs; also adds <what else the edit adds>`."""
     inputs = record.inputs
     checked = f"correct on {inputs} input{'s' if inputs != 1 else ''}" if inputs else "correct"
-    label = f" [non-portable: {', '.join(record.non_portable)}]" if record.non_portable else ""
-    title = f"HTAM: apply {move(graph, record.step)}{label}: {gain_text(record)}, {checked}"
-    return f"{title}; also {', '.join(also)}" if also else title
+    text = f"{move(graph, record.step)}: {gain_text(record)}, {checked}"
+    return f"{text}; also adds {', '.join(also)}" if also else text
 
 
 def best_lens_title(
@@ -132,6 +164,12 @@ def best_slower(records: Sequence[StepRecord]) -> StepRecord | None:
     return max(records, key=closeness, default=None)
 
 
+def md(text: Any) -> str:
+    """Free text (a reason, a compiler message) as Markdown that shows it as written:
+    `__restrict__` stays `__restrict__`, never a bold "restrict"."""
+    return _MARKUP.sub(r"\\\1", str(text))
+
+
 def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -146,10 +184,10 @@ def directions_table(
     shown += [c for c in candidates[TOP_DIRECTIONS:] if c.id == chosen]
     lines = ["| direction | score | p | triggers matched |", "|---|---:|---:|---|"]
     for c in shown:
-        name = node_name(graph, c.id)
+        name = md(node_name(graph, c.id))
         if c.id == chosen:
             name = f"**{name}** (chosen)"
-        matches = ", ".join(c.trigger_matches) or "-"
+        matches = md(", ".join(c.trigger_matches) or "-")
         lines.append(f"| {_cell(name)} | {c.score:+.3f} | {c.probability:.2f} | {_cell(matches)} |")
     return lines
 
@@ -188,17 +226,16 @@ def _top(decision: GlobalDecision) -> GlobalDecision:
 
 def strategy_notes(graph: Graph, step: events.Step) -> list[str]:
     """The local strategy's reason, and the risks and checks the memory holds for it."""
-    lines = [
-        f"**Strategy:** {node_name(graph, step.local_id)}: {step.reason or 'no reason recorded'}"
-    ]
+    reason = step.reason or "no reason recorded"
+    lines = [f"**Strategy:** {md(node_name(graph, step.local_id))}: {md(reason)}"]
     if graph is None:
         return lines
     direction = graph.globals.get(step.global_id)
     local = graph.locals.get(step.local_id)
     if direction is not None and direction.risks:
-        lines.append(f"- Risks: {'; '.join(direction.risks)}")
+        lines.append(f"- Risks: {md('; '.join(direction.risks))}")
     if local is not None and local.checks:
-        lines.append(f"- Checks: {'; '.join(local.checks)}")
+        lines.append(f"- Checks: {md('; '.join(local.checks))}")
     return lines
 
 
@@ -222,7 +259,7 @@ def history_table(graph: Graph, history: Sequence[StepRecord], last: int = 10) -
         when = datetime.fromtimestamp(record.time).strftime("%m-%d %H:%M")
         gain = _versus_start(record) if step.correct else format_speedup(None)
         lines.append(
-            f"| {record.n} | {when} | {_cell(move(graph, step))} | {_cell(outcome(step))} "
+            f"| {record.n} | {when} | {_cell(md(move(graph, step)))} | {_cell(md(outcome(step)))} "
             f"| {gain} | {format_duel(step.versus_best)} | {format_speedup(step.ref_speedup)} |"
         )
     return lines
@@ -262,19 +299,29 @@ class HoverParts:
     diff: list[str] | None = None
     preview: tuple[str, GlobalDecision] | None = None
     notes: Sequence[str] = ()
+    offered: str | None = None  # the best suggestion, as `suggestion_text` says it
 
 
 def hover_markdown(graph: Graph, parts: HoverParts) -> str:
-    """The hover: the last decision's rationale and history, or the memory's current view."""
+    """The hover, the user's answer first: what is offered (measured speedup, what
+    changed), then the measured history, then why the engine chose what it did."""
     lines = [f"### HTAM: {parts.title}", ""]
+    if parts.offered:
+        lines += [f"**Offered:** {md(parts.offered)}", ""]
+    lines += [f"*{md(note)}*" for note in parts.notes]
+    if parts.notes:
+        lines.append("")
+    if parts.diff:
+        lines += ["**What changes** (best verified candidate vs the current text)", "", *parts.diff]
+        lines.append("")
     if parts.history:
         last = parts.history[-1].step
         decision = last.decision
-        lines += [f"**Last step** ({outcome(last)}):", ""]
+        lines += ["**Measured history**", "", *history_table(graph, parts.history), ""]
+        lines += [f"**Last step** ({md(outcome(last))}), and why it was chosen:", ""]
+        lines += [*strategy_notes(graph, last), ""]
         lines += [*directions_table(graph, decision, decision.chosen if decision else None), ""]
         lines += ["**Transition evidence**", "", *transition_evidence(graph, decision), ""]
-        lines += [*strategy_notes(graph, last), ""]
-        lines += ["**Measured history**", "", *history_table(graph, parts.history), ""]
     elif parts.preview is not None:
         state_text, decision = parts.preview
         lines += ["No HTAM run yet. The memory's current top directions for this kernel:", ""]
@@ -282,11 +329,6 @@ def hover_markdown(graph: Graph, parts: HoverParts) -> str:
         lines += ["**Why, from the memory's transitions (from START)**", ""]
         lines += [*transition_evidence(graph, _top(decision)), ""]
         lines += ["```text", state_text, "```", ""]
-    lines += [f"*{note}*" for note in parts.notes]
-    if parts.notes:
-        lines.append("")
-    if parts.diff:
-        lines += ["**Suggestion** (best verified candidate vs the current text)", "", *parts.diff]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -297,7 +339,7 @@ class ResultsParts:
     kernel: str
     history: Sequence[StepRecord]
     offered: Sequence[str]  # the titles of the actions offered now
-    plot: str | None  # the last run's speedup plot (a PNG path)
+    plot: str | None  # the plot of every step (a PNG path)
 
 
 def results_markdown(graph: Graph, parts: ResultsParts, notes: Sequence[str]) -> str:
@@ -317,12 +359,31 @@ def results_markdown(graph: Graph, parts: ResultsParts, notes: Sequence[str]) ->
         if steps
         else "No step has run on this kernel yet."
     )
-    lines.append("")
-    if steps:
-        lines += [*history_table(graph, steps, last=len(steps)), ""]
-    lines += ["**Offered now**", ""]
-    lines += [f"- {title}" for title in parts.offered] or ["- nothing"]
-    lines += ["", *(f"*{note}*" for note in notes)]
+    lines += ["", "**Offered now**", ""]
+    lines += [f"- {md(title)}" for title in parts.offered] or ["- nothing"]
+    lines += ["", *(f"*{md(note)}*" for note in notes)]
     if parts.plot:
-        lines += ["", f"![speedup per step]({Path(parts.plot).as_uri()})"]
+        lines += ["", f"![speedup per step, all jobs]({Path(parts.plot).as_uri()})"]
+    if steps:
+        lines += ["", *history_table(graph, steps, last=len(steps))]
+    lines += time_lines(steps)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def time_lines(history: Sequence[StepRecord]) -> list[str]:
+    """Where the steps' wall time went, summed over every step of the kernel, each phase
+    named as the user knows it (`generate`: waiting for the model or a mechanical rewrite)."""
+    total: dict[str, float] = {}
+    for record in history:
+        for phase, seconds in record.step.phases.items():
+            total[phase] = total.get(phase, 0.0) + seconds
+    if not total:
+        return []
+    spent = sum(total.values())
+    order = [p for p in PHASE_WORDS if p in total] + sorted(set(total) - set(PHASE_WORDS))
+    lines = ["", f"**Where the time went** ({spent:.0f} s over {len(history)} step(s))", ""]
+    lines += ["| phase | seconds | share |", "|---|---:|---:|"]
+    for phase in order:
+        name = PHASE_WORDS.get(phase, phase)
+        lines.append(f"| {name} | {total[phase]:.1f} | {total[phase] / spent:.0%} |")
+    return lines

@@ -24,20 +24,22 @@ from pygls.capabilities import get_capability
 from htam_engine import events, machine, paths
 from htam_engine.evaluate.verdict import Verdict
 from htam_engine.formatting import format_speedup
-from htam_engine.vocabulary import ErrorKind, JobState
+from htam_engine.vocabulary import NOTHING_APPLIES, ErrorKind, JobState
 from htam_lsp import discovery, insight, render, status
 from htam_lsp import suggestions as sg
 from htam_lsp.diagnostics import CompileError, compiler_words
 from htam_lsp.documents import Document, uri_path
 from htam_lsp.jobs import Job, JobManager, eval_argv, optimize_argv
+from htam_lsp.llm_provider import provider
 
 if TYPE_CHECKING:
     from htam_lsp.server import HtamServer
 
 log = logging.getLogger(__name__)
 
-PHASES = ("select", "generate", "compile", "verify", "time", "confirm", "update")
+PHASES = tuple(render.PHASE_WORDS)  # a step's phases, in order
 _YOURS = "your kernel does not compile:"
+_CHANGED = "your code changed while it ran, so it no longer applies: run a step again"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Runs:
         self.ls = ls
         self.jobs = JobManager()
         self.provider: events.Start | None = None  # the last worker's own word
+        self.closing = False  # shutting down: a running job is cut short, not ended
         self.compile_errors: dict[str, CompileError] = {}  # uri -> where its code failed
         self._pending: set[asyncio.Task[None]] = set()
 
@@ -69,7 +72,7 @@ class Runs:
         running = self.jobs.active(doc.uri)
         if running is not None:
             return {"jobId": running.id, "state": running.state, "alreadyRunning": True}
-        job = self.jobs.create(doc.uri, unit.name, steps)
+        job = self.jobs.create(doc.uri, job_name(doc), steps, unit.name)
         why_not = self.refusal(doc, unit)
         if why_not:
             job.state, job.message = "refused", why_not
@@ -84,7 +87,7 @@ class Runs:
             self.ls.publish_job(job)
             return {"jobId": job.id, "state": job.state, "message": job.message}
         begun = Start(doc.text, _kernel_ranges(doc))
-        job.excluded = tuple(sg.failed_strategies(self.ls.records.history(doc.uri), begun.text))
+        job.excluded = tuple(sg.spent_strategies(self.ls.records.history(doc.uri), begun.text))
         self.ls.publish_job(job)
         job.task = asyncio.create_task(self.run(job, doc.data, begun, uri_path(doc.uri) or ""))
         return {"jobId": job.id, "state": job.state}
@@ -115,14 +118,14 @@ class Runs:
         """Why a job on `unit` cannot run here, said before anything starts; else None."""
         if not self.ls.settings.allow_execution:
             return (
-                "nothing was run: executing generated code is not allowed in this workspace. "
-                f"To allow it: {status.how_to_allow(self.ls)}."
+                "nothing was run: executing generated code is not allowed in this workspace; "
+                f"to allow it: {status.how_to_allow(self.ls)}"
             )
         if uri_path(doc.uri) is None:
-            return f"HTAM runs on files on disk; {doc.uri} is not a file: URI"
+            return "HTAM runs on files saved on disk; save this buffer as a file first"
         if insight.needs_binding(doc):
             return (
-                f"HTAM: {Path(uri_path(doc.uri) or doc.uri).name} is not bound to its PyTorch "
+                f"{Path(uri_path(doc.uri) or doc.uri).name} is not bound to its PyTorch "
                 "reference; bind it first (the lens or quick fix 'bind to its reference', or "
                 "an htam.toml [[kernel]] entry)"
             )
@@ -135,8 +138,8 @@ class Runs:
                 else "there is none here (the NVIDIA driver lists no GPU)"
             )
             return (
-                f"{unit.name} was not started: a CUDA kernel needs an NVIDIA GPU to be verified "
-                f"and timed, and {where}. The code action 'compile-check with nvcc' "
+                f"{job_name(doc)} was not started: a CUDA kernel needs an NVIDIA GPU to be "
+                f"verified and timed, and {where}. The code action 'compile-check with nvcc' "
                 f"({status.how_to_check(self.ls)}) checks that it builds."
             )
         return None
@@ -145,7 +148,7 @@ class Runs:
         """A compile check of a CUDA kernel with nvcc (`htam eval` where no GPU runs it): of
         the whole file, so named by its task wherever `unit` is."""
         unit = discovery.task_unit(doc) or unit
-        job = self.jobs.create(doc.uri, unit.name, 0)
+        job = self.jobs.create(doc.uri, job_name(doc), 0, unit.name)
         why_not = self.check_refusal(doc)
         if why_not:
             job.state, job.message = "refused", why_not
@@ -159,11 +162,11 @@ class Runs:
     def check_refusal(self, doc: Document) -> str | None:
         if not self.ls.settings.allow_execution:
             how = status.how_to_allow(self.ls)
-            return f"HTAM compiles nothing here until allowed. To allow it: {how}."
+            return f"nothing is compiled here until allowed; to allow it: {how}"
         if uri_path(doc.uri) is None or insight.needs_binding(doc):
-            return "HTAM: a compile check needs a file on disk bound to its reference"
+            return "a compile check needs a file on disk bound to its reference"
         if insight.backend(doc) != "cuda" or shutil.which("nvcc") is None:
-            return "HTAM: a compile check is for CUDA kernels, with nvcc on the server's PATH"
+            return "a compile check is for CUDA kernels, with nvcc on the server's PATH"
         return None
 
     async def check(self, job: Job, data: bytes, task_path: str) -> None:
@@ -176,7 +179,7 @@ class Runs:
             job.state, job.message = _checked(self, job, code, out, tail, data)
         except Exception as error:  # the check fails; the server goes on
             log.exception("check %s failed", job.id)
-            job.state, job.message = "failed", f"HTAM compile check failed: {error}"
+            job.state, job.message = "failed", f"the compile check failed: {error}"
         finally:
             buffer.unlink(missing_ok=True)
         self.ls.publish_job(job)
@@ -199,20 +202,24 @@ class Runs:
                 exclude=job.excluded,
             )
             job.state = "running"
+            self.ls.records.mark_running(job.uri, job.payload())
             self.ls.publish_job(job)
             self.ls.refresh_lenses()  # the kernel's lens shows the job running
             on_event = functools.partial(self.on_event, begun=begun)
             await self.jobs.run(job, argv, on_event, task_path, self.ls.settings.device)
             self._start_compiled(job, begun)
             if job.state == "done":
-                job.message = self.summary(job)
-            elif job.state == "failed" and job.steps_done == 0:
-                job.message += _excluded_note(job)
+                job.message = self.summary(job, begun)
+            elif job.state == "failed" and job.steps_done == 0 and job.excluded:
+                job.state, job.message = self._spent(job)
         except Exception as error:  # the job fails; the server goes on
             log.exception("job %s failed", job.id)
-            job.state, job.message = "failed", f"HTAM job failed: {error}"
+            job.state, job.message = "failed", f"the job failed: {error}"
         finally:
             buffer.unlink(missing_ok=True)
+        if self.closing:  # the next server says it was interrupted (`interrupted`)
+            return
+        self.ls.records.mark_running(job.uri, None)
         if progress:
             self.ls.work_done_progress.end(job.token, t.WorkDoneProgressEnd(message=job.message))
         self.ls.publish_job(job)
@@ -220,6 +227,43 @@ class Runs:
         self.ls.schedule_diagnostics(job.uri)
         if (doc := self.ls.docs.get(job.uri)) is not None:
             self.warm_up(doc)  # ready for the next step
+
+    def interrupted(self, uri: str) -> None:
+        """Say that a job on `uri` was cut short by a restart of the server (kept as
+        running by the server before this one), once."""
+        kept = self.ls.records.running(uri)
+        if kept is None or self.jobs.active(uri) is not None:
+            return
+        self.ls.records.mark_running(uri, None)
+        job = self.jobs.create(uri, str(kept.get("kernel") or ""), int(kept.get("steps") or 0))
+        job.state = "failed"
+        job.message = (
+            "interrupted: the HTAM server restarted while this job ran; the steps it "
+            "finished are kept: run it again for the rest"
+        )
+        self.ls.publish_job(job)
+
+    def _spent(self, job: Job) -> tuple[JobState, str]:
+        """A job that ran no step where strategies were excluded (they did not help on this
+        code before): used up, with how to let a model try; else its failure, noted."""
+        tried = ", ".join(job.excluded)
+        stopped = job.last.stopped if isinstance(job.last, events.Result) else ""
+        if stopped != NOTHING_APPLIES:
+            return (
+                "failed",
+                f"{job.message}; not retried, as they did not help on this code: {tried}",
+            )
+        chosen, _why = provider(self.ls)
+        if chosen == "offline":
+            how = status.how_to_let_a_model_try(self.ls)
+            return "done", (
+                f"the mechanical strategies are used up on this code (tried without helping: "
+                f"{tried}). To let a model try: {how}. Or edit the kernel and step again"
+            )
+        return "done", (
+            f"every strategy that applies was tried on this code without helping ({tried}); "
+            "edit the kernel to try again"
+        )
 
     def _start_compiled(self, job: Job, begun: Start) -> None:
         """Where the code the job started from (the user's) did not compile, that is the
@@ -239,23 +283,26 @@ class Runs:
                 begun.text, error.line, error.message, "start"
             )
 
-    def summary(self, job: Job) -> str:
-        """The last word of a finished job: what it found for the current text, with numbers."""
-        doc = self.ls.docs.get(job.uri)
+    def summary(self, job: Job, begun: Start) -> str:
+        """The last word of a finished job: what it found for the code it started from, with
+        numbers, whatever became of the buffer meanwhile (closed, edited)."""
         history = self.ls.records.history(job.uri)
         threshold = self.ls.settings.min_speedup
-        offer = sg.offer(history, doc.text if doc else "", threshold)
-        job.suggestions = len(offer.suggestions)
+        found = sg.offer(history, begun.text, threshold)
+        doc = self.ls.docs.get(job.uri)
+        now = sg.offer(history, doc.text, threshold) if doc is not None else found
+        job.suggestions = len(now.suggestions)
+        job.best_speedup = now.suggestions[0].record.speedup if now.suggestions else None
         stopped = "" if not isinstance(job.last, events.Result) else job.last.stopped
         tail = "" if stopped in ("", "completed") else f" (stopped: {stopped})"
-        job.best_speedup = offer.suggestions[0].record.speedup if offer.suggestions else None
-        if offer.suggestions:
-            best = offer.suggestions[0].record
-            return f"best {render.gain_text(best)}; apply it from the code actions{tail}"
-        if offer.untimed and not offer.slower:
-            note = offer.untimed[-1].step.verdict.note or "not timed here"
+        if found.suggestions:
+            best = found.suggestions[0].record
+            where = "apply it from the code actions" if now.suggestions else _CHANGED
+            return f"best {render.gain_text(best)}; {where}{tail}"
+        if found.untimed and not found.slower:
+            note = found.untimed[-1].step.verdict.note or "not timed here"
             return f"nothing to apply: correct, but {note}: no speedup to compare{tail}"
-        closest = render.best_slower(offer.slower)
+        closest = render.best_slower(found.slower)
         if closest is not None:
             return (
                 f"nothing to apply: no candidate was surely {format_speedup(threshold)} faster "
@@ -376,6 +423,14 @@ def _checked(
     return "failed", f"{name} line {error.line} does not compile with nvcc: {said}"
 
 
+def job_name(doc: Document) -> str:
+    """A job by the name the user gave: the file's one kernel function, else the file
+    (never the task's class, e.g. KernelBench's `ModelNew`, which every file has)."""
+    own = [u.name for u in discovery.units(doc) if u.is_kernel and u.kind != "model"]
+    names = list(dict.fromkeys(own))
+    return names[0] if len(names) == 1 else Path(uri_path(doc.uri) or doc.uri).name
+
+
 def _syntax_error(doc: Document) -> CompileError | None:
     """A Python kernel that does not parse, at its line in the user's words (compiled
     here, never run: no evaluator and no sandbox path in between)."""
@@ -411,13 +466,3 @@ def _kernel_ranges(doc: Document) -> list[tuple[int, int]]:
         return len(data[:offset].decode("utf-8", "replace"))
 
     return [(chars(u.start_byte), chars(u.end_byte)) for u in discovery.units(doc)]
-
-
-def _excluded_note(job: Job) -> str:
-    """Said when a job ends without a step: which strategies it did not retry."""
-    if not job.excluded:
-        return ""
-    return (
-        f"; not retried, as they failed on this code in earlier jobs: {', '.join(job.excluded)} "
-        "(edit the kernel to try them again)"
-    )

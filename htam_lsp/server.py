@@ -280,6 +280,7 @@ def did_open(ls: HtamServer, params: t.DidOpenTextDocumentParams) -> None:
     doc = ls.docs.open(item.uri, item.language_id, item.version, item.text)
     ls.focus = item.uri
     ls.schedule_diagnostics(item.uri)
+    ls.runs.interrupted(item.uri)  # a job the last server was running on it
     ls.runs.warm_up(doc)
 
 
@@ -533,6 +534,7 @@ def progress_cancel(ls: HtamServer, params: t.WorkDoneProgressCancelParams) -> N
 @server.feature(t.SHUTDOWN)
 @guarded()
 async def shutdown(ls: HtamServer, params: Any) -> None:
+    ls.runs.closing = True
     ls.runs.jobs.cancel()
     await ls.runs.jobs.cool()
 

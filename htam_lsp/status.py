@@ -68,6 +68,20 @@ def how_to_allow(ls: HtamServer) -> str:
     }.get(client_kind(ls), "start htam-lsp with initializationOptions { allowExecution: true }")
 
 
+def how_to_let_a_model_try(ls: HtamServer) -> str:
+    """How the user of this client gives HTAM an LLM, in the client's own terms."""
+    return {
+        "neovim": (
+            "set ANTHROPIC_API_KEY or OPENAI_API_KEY in Neovim's environment, or "
+            "require('htam').setup({ provider = 'openai', base_url = ... }) for a local server"
+        ),
+        "vscode": (
+            "run 'HTAM: Set API Key...', or set htam.provider and htam.baseUrl for an "
+            "OpenAI-compatible server"
+        ),
+    }.get(client_kind(ls), "set ANTHROPIC_API_KEY or OPENAI_API_KEY for htam-lsp")
+
+
 def how_to_check(ls: HtamServer) -> str:
     """How the user of this client runs the nvcc compile check."""
     return {

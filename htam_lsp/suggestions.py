@@ -14,8 +14,8 @@ confirmed the candidate faster, by which comparison (timed in pairs against the 
 job started from, or against the best so far) and with which 95 % interval. Only a
 confirmed claim whose lower bound clears the threshold is ever offered as an apply
 action; the ratio of two speedups over PyTorch is shown only as a labelled estimate.
-And it keeps a hash of that starting code, so that a strategy that failed on this code
-in one job is excluded from the next (`failed_strategies`).
+And it keeps a hash of that starting code, so that a strategy that did not help on this
+code in one job is excluded from the next (`spent_strategies`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from htam_engine import events
-from htam_engine.vocabulary import STATUS_TABLE, Status
+from htam_engine.vocabulary import Status
 
 if TYPE_CHECKING:
     from htam_engine.memory import MemoryStore
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NAMESPACE = "lsp-suggestions"
+RUNNING = "lsp-running"  # uri -> the job running on it (`htam/jobState`), until it ends
 HISTORY_LIMIT = 50
 CONTEXT_LINES = 2  # around a change that touches no kernel
 # Edits whose result holds only on this machine or changes floating-point results.
@@ -182,12 +183,6 @@ class StepRecord:
         return self.claim.low if self.claim and self.claim.confirmed else None
 
     @property
-    def failed(self) -> bool:
-        """The step failed in a way the engine does not retry in a run (a penalty)."""
-        info = STATUS_TABLE.get(self.step.status)
-        return info is not None and info.penalty is not None
-
-    @property
     def runtime_ms(self) -> float | None:
         return self.step.verdict.runtime_ms
 
@@ -235,15 +230,16 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def failed_strategies(history: Sequence[StepRecord], text: str) -> list[str]:
-    """The strategies (local ids) that failed in earlier jobs on this very code: jobs that
-    started from `text`, or whose verified candidate `text` is (applying a result goes on
-    from where that job was). Another text of the kernel may let them work: not excluded."""
+def spent_strategies(history: Sequence[StepRecord], text: str) -> list[str]:
+    """The strategies (local ids) tried in earlier jobs on this very code that did not help
+    (failed, or not confirmed faster): jobs that started from `text`, or whose verified
+    candidate `text` is (applying a result goes on from where that job was). Another text
+    of the kernel may let them help: not excluded there."""
     here = text_hash(text)
     lines = {r.start for r in history if r.step.source and text_hash(r.step.source) == here}
     lines.add(here)
-    failed = [r.step.local_id for r in history if r.failed and r.start and r.start in lines]
-    return list(dict.fromkeys(failed))
+    spent = [r.step.local_id for r in history if not r.confirmed and r.start and r.start in lines]
+    return list(dict.fromkeys(spent))
 
 
 def run_claims(result: events.Result, steps: Sequence[StepRecord]) -> dict[int, Claim]:
@@ -428,18 +424,30 @@ class SuggestionStore:
         history = [replace(r, claim=claims[r.n]) if r.n in claims else r for r in self.history(uri)]
         return self._keep(uri, history)
 
+    def mark_running(self, uri: str, job: dict[str, Any] | None) -> Future[None]:
+        """Keep that `job` runs on `uri` (None: none does), so that a step a restart of
+        the server cut short is said after it (`running`)."""
+        return self._pool.submit(self._put, RUNNING, uri, job)
+
+    def running(self, uri: str) -> dict[str, Any] | None:
+        """The job kept as running on `uri` (by this server or one before it)."""
+        found = self.store.get(RUNNING, uri)
+        return found if isinstance(found, dict) else None
+
     def _keep(self, uri: str, history: list[StepRecord]) -> Future[None]:
         key = record_key(uri)
         self._cache[key] = history
         self.revision += 1
-        return self._pool.submit(self._write, key, {"history": [r.to_json() for r in history]})
+        return self._pool.submit(
+            self._put, NAMESPACE, key, {"history": [r.to_json() for r in history]}
+        )
 
-    def _write(self, key: str, record: dict[str, Any]) -> None:
+    def _put(self, namespace: str, key: str, record: Any) -> None:
         if self._writer is None:
             from htam_engine.memory import MemoryStore
 
             self._writer = MemoryStore(self._home)
         try:
-            self._writer.put(NAMESPACE, key, record)
+            self._writer.put(namespace, key, record)
         except Exception:
             log.exception("could not store the HTAM record %s", key)

@@ -166,9 +166,12 @@ def test_titles_label_non_portable_edits_first_and_say_only_what_the_name_does_n
     old, new = 'cflags=["-O2"]', 'cflags=["-O3", "-march=native"]'
     claim = sg.Claim(True, 0, 1.5, 1.4, 1.6)
     record = sg.StepRecord(1, _step(1.5, ""), 0.0, sg.Anchor(old, new), claim=claim)
-    title = render.action_title(None, record, ["restrict pointers"])
-    assert title.startswith("HTAM: apply g -> l [non-portable: -march=native]: 1.50x faster")
-    assert title.endswith("(95 % 1.40-1.60; 1.5 -> 1 ms), correct; also restrict pointers")
+    title = render.action_title(None, record)
+    assert (
+        title == "HTAM: apply g -> l [non-portable: -march=native]: 1.50x faster (95 % 1.40-1.60)"
+    )
+    said = render.suggestion_text(None, record, ["restrict pointers"])
+    assert said.endswith("(95 % 1.40-1.60; 1.5 -> 1 ms), correct; also adds restrict pointers")
     name = "-o3 -march=native"
     assert _said("march_native", name) and _said("opt_O3", name)
     assert not _said("restrict_pointers", name)

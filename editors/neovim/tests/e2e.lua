@@ -93,7 +93,7 @@ H.run({
         vim.cmd('HtamNext')
         -- A stock Neovim shows the running job: on the command line and in the lens.
         H.wait(60000, function()
-          return H.screen():find('HTAM: ModelNew: .*%(:HtamCancel stops it%)') ~= nil
+          return H.screen():find('HTAM: softmax_forward: .*%(:HtamCancel stops it%)') ~= nil
         end, 'the command line to say what the job does')
         H.capture('neovim-step-running', from)
         H.wait(60000, function()

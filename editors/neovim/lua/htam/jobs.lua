@@ -59,7 +59,8 @@ local function report(job)
   if job.state == 'done' and (job.suggestions or 0) > 0 then
     next_step = ' :HtamApply applies it (:HtamDiff shows it first).'
   end
-  notify(('%s %s: %s.%s'):format(where(job), job.state, why, next_step), level)
+  local stop = why:match('[.!?]$') and '' or '.' -- one period, never two
+  notify(('%s %s: %s%s%s'):format(where(job), job.state, why, stop, next_step), level)
 end
 
 --- What a running job is doing, on one line: `ModelNew: step 1/6: compile ...`.
