@@ -31,3 +31,12 @@ def test_code_and_prose_are_untouched() -> None:
         "a bearer of good news"
     )
     assert redact(text) == text
+
+
+def test_a_local_servers_placeholder_key_is_no_secret_to_mask_in_prose() -> None:
+    """`OPENAI_API_KEY=none` for a local server: recorded prompts kept saying "allowed
+    ops: [REDACTED]" (and a model named "frontier-bridge" read "frontier-[REDACTED]")."""
+    register_secret("none")
+    register_secret("bridge")
+    text = "allowed ops: none; model frontier-bridge"
+    assert redact(text) == text

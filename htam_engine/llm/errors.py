@@ -13,6 +13,9 @@ _KEY_PATTERNS = (
     re.compile(r"(?i)(x-api-key['\"]?\s*[:=]\s*['\"]?)[A-Za-z0-9._\-]{8,}"),
 )
 REDACTED = "[REDACTED]"
+# A registered key shorter than this is a placeholder for a local server ("none", "bridge"):
+# masking it would mask that word in every recorded prompt ("allowed ops: none").
+MIN_SECRET_CHARS = 8
 
 _known_secrets: set[str] = set()
 
@@ -26,7 +29,7 @@ class LLMError(Exception):
 
 def register_secret(secret: str | None) -> None:
     """Remember a key so that `redact` masks it wherever it shows up."""
-    if secret and len(secret) >= 4:
+    if secret and len(secret) >= MIN_SECRET_CHARS:
         _known_secrets.add(secret)
 
 
