@@ -176,3 +176,13 @@ def test_gccs_vectorizer_report_reaches_the_prompt_as_quoted_data() -> None:
     block = facts.vectorizer_text(replace(verdict(0.5), vectorizer=report))
     assert "-fopt-info-vec" in block and "loop vectorized" in block and "quoted data" in block
     assert facts.vectorizer_text(verdict(0.5)) == ""
+
+
+def test_negative_init_arguments_are_read_not_left_unknown() -> None:
+    """KernelBench 53 passes hardtanh_min = -2: the prompt said `[1024, 0.5, '?', 2]`."""
+    reference = (
+        "import torch\nlo = -2\nhi = +2\nscale = -0.5\n"
+        "def get_inputs():\n    return [torch.rand(8, 4)]\n"
+        "def get_init_inputs():\n    return [lo, hi, scale, -lo]\n"
+    )
+    assert "Init arguments: [-2, 2, -0.5, 2]" in facts.task_text(reference)

@@ -98,6 +98,9 @@ def _value(node: ast.AST, known: dict[str, Any]) -> Any:
         return tuple(_value(e, known) for e in node.elts)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
         return _OPS[type(node.op)](_value(node.left, known), _value(node.right, known))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _value(node.operand, known)
+        return -value if isinstance(node.op, ast.USub) else +value
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         return f"{node.value.id}.{node.attr}"
     raise ValueError("not a constant")
