@@ -53,7 +53,7 @@ from htam_engine.state import State
 from htam_engine.strategies.plateau import plateau_base
 from htam_engine.task import Task
 from htam_engine.triton_backend import CORRECTNESS_ONLY
-from htam_engine.vocabulary import NOTHING_APPLIES, Status
+from htam_engine.vocabulary import NOTHING_APPLIES, OFFERS_USED_UP, Status
 
 Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
@@ -304,6 +304,10 @@ class Optimizer:
         state = self._state(current)
         applicable = self.runnable.of(graph, state, current.source)
         usable = restrict(graph, applicable)
+        if not usable.globals and self.runnable.sets_aside(current.source):
+            state.features.add(OFFERS_USED_UP)  # the model's own strategy, once for this code
+            applicable = self.runnable.of(graph, state, current.source)
+            usable = restrict(graph, applicable)
         if not usable.globals:
             return None
         if "near_limit" in state.features:  # at 90 % or more of the machine's limit

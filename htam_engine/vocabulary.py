@@ -255,12 +255,15 @@ FEATURE_TAGS: dict[Backend, frozenset[str]] = {
 TIMING_TAGS = frozenset({"single_thread_timing", "multi_thread_timing"})
 # Where the current code sits on the machine's roofline (`roofline.tags`).
 ROOFLINE_TAGS = frozenset({"memory_bound", "compute_bound", "near_limit"})
+# The model set aside every direction offered for the current code (none of it fit): its
+# own strategy is offered next (`Optimizer.plan`), instead of the run ending unasked.
+OFFERS_USED_UP = "offers_used_up"
 
 
 def state_tags(backend: Backend) -> frozenset[str]:
     """Every tag a state of `backend` can carry: what a seed trigger may name."""
     tags = FEATURE_TAGS[backend] | FEEDBACK_TAGS | set(FAMILIES) | TIMING_TAGS | ROOFLINE_TAGS
-    return tags | {backend}
+    return tags | {backend, OFFERS_USED_UP}
 
 
 # atol = rtol by output dtype, KernelBench's `get_tolerance_for_precision`

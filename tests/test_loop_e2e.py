@@ -382,3 +382,30 @@ def test_a_timing_no_one_should_act_on_is_measured_once_more(
     assert len(asked) == timings
     assert asked[1:] == [False] * (timings - 1), "measured again, not read from the cache"
     assert verdict.speedup == kept
+
+
+def test_when_the_model_sets_every_direction_aside_its_own_strategy_is_offered_once(
+    task: Path, tmp_path: Path
+) -> None:
+    """A capable model answered `other_direction` to every direction offered for its
+    hand-vectorized InstanceNorm: the run ended `no applicable strategy` with 6 steps
+    left. Its own strategy is offered next, once for that code."""
+    from htam_engine.loop import LoopConfig, Optimizer
+    from htam_engine.memory import MemoryStore
+    from htam_engine.runnable import Runnable
+    from htam_engine.task import load_task
+
+    loaded = load_task(task)
+    source = loaded.impl_source or ""
+    store = MemoryStore(tmp_path / "home")
+    optimizer = Optimizer(loaded, source, provider=None, store=store,
+                          config=LoopConfig(steps=1, device="cpu"))  # fmt: skip
+    optimizer.runnable = Runnable(llm=True)
+    assert optimizer.applicability(store.graph("cpu"), optimizer.referee.start)["own_strategy"]
+    offered = set(store.graph("cpu").globals) - {"open_direction"}  # never offered before
+    optimizer.runnable.set_aside |= {(direction, source) for direction in offered}
+    plan = optimizer.plan(1)
+    assert plan is not None
+    assert (plan.decision.global_id, plan.decision.local_id) == ("open_direction", "own_strategy")
+    optimizer.runnable.tried.add(("own_strategy", source))
+    assert optimizer.plan(1) is None
