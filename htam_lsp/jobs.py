@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from htam_engine import events
+from htam_engine.evaluate.verdict import Verdict
 from htam_engine.machine import kill_process_group
 from htam_engine.procs import descendants
 from htam_engine.vocabulary import TERMINAL_JOB_STATES, JobState
@@ -95,11 +96,20 @@ OnEvent = Callable[[Job, events.Event], Awaitable[None] | None]
 OnLine = Callable[[Job, bytes], Awaitable[None] | None]
 
 
-def eval_argv(task: str, candidate: str) -> list[str]:
-    """`htam eval TASK CANDIDATE --device cuda --json`: where no GPU can run a CUDA
-    candidate, the evaluator still compiles it with nvcc and says how that went."""
+def eval_argv(task: str, candidate: str, device: str) -> list[str]:
+    """`htam eval TASK CANDIDATE --device DEVICE --json` (on `cuda` where no GPU runs a
+    CUDA candidate, the evaluator still compiles it with nvcc and says how that went)."""
     argv = [sys.executable, "-m", engine_module(), "eval", task, candidate]
-    return [*argv, "--device", "cuda", "--json"]
+    return [*argv, "--device", device, "--json"]
+
+
+def printed_verdict(out: bytes) -> Verdict | None:
+    """The verdict `htam eval --json` printed, or None where it printed none."""
+    try:
+        data = json.loads(out)
+        return Verdict.from_json(data) if isinstance(data, dict) else None
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def warm_argv(task: str, device: str) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import shutil
 from collections.abc import Coroutine
@@ -22,14 +21,13 @@ from lsprotocol import types as t
 from pygls.capabilities import get_capability
 
 from htam_engine import events, machine, paths
-from htam_engine.evaluate.verdict import Verdict
 from htam_engine.formatting import format_speedup
 from htam_engine.vocabulary import NOTHING_APPLIES, ErrorKind, JobState
 from htam_lsp import discovery, insight, render, status
 from htam_lsp import suggestions as sg
 from htam_lsp.diagnostics import CompileError, compiler_words
 from htam_lsp.documents import Document, uri_path
-from htam_lsp.jobs import Job, JobManager, eval_argv, optimize_argv
+from htam_lsp.jobs import Job, JobManager, eval_argv, optimize_argv, printed_verdict
 from htam_lsp.llm_provider import provider
 
 if TYPE_CHECKING:
@@ -39,6 +37,7 @@ log = logging.getLogger(__name__)
 
 PHASES = tuple(render.PHASE_WORDS)  # a step's phases, in order
 _YOURS = "your kernel does not compile:"
+CHECKING = "compile check: nvcc is building the file (nothing runs; no GPU here)"
 _CHANGED = "your code changed while it ran, so it no longer applies: run a step again"
 
 
@@ -95,12 +94,12 @@ class Runs:
     def warm_up(self, doc: Document) -> None:
         """Have the next job's process, judge and workers started for `doc` before the
         user asks, when it is a kernel bound to its reference that a job could run on now
-        (`JobManager.warm_up`)."""
+        (`JobManager.warm_up`), unless the `startAhead` setting is off."""
         unit = discovery.task_unit(doc)
         path = uri_path(doc.uri)
         if unit is None or path is None or not insight.binding(doc).get("reference"):
             return
-        if self.refusal(doc, unit) is None:
+        if self.ls.settings.start_ahead and self.refusal(doc, unit) is None:
             self._background(self.jobs.warm_up(path, self.ls.settings.device))
 
     def cool(self, doc_uri: str | None = None) -> None:
@@ -154,6 +153,7 @@ class Runs:
             job.state, job.message = "refused", why_not
             self.ls.publish_job(job)
             return {"jobId": job.id, "state": job.state, "message": why_not}
+        job.state, job.message = "running", CHECKING  # what it does, not "queued"
         self.ls.publish_job(job)
         self.ls.refresh_lenses()  # the kernel's lens shows the check running
         job.task = asyncio.create_task(self.check(job, doc.data, uri_path(doc.uri) or ""))
@@ -175,7 +175,7 @@ class Runs:
         try:
             buffer.write_bytes(data)
             self.ls.publish_job(job)
-            code, out, tail = await self.jobs.output(job, eval_argv(task_path, str(buffer)))
+            code, out, tail = await self.jobs.output(job, eval_argv(task_path, str(buffer), "cuda"))
             job.state, job.message = _checked(self, job, code, out, tail, data)
         except Exception as error:  # the check fails; the server goes on
             log.exception("check %s failed", job.id)
@@ -401,7 +401,7 @@ def _checked(
 ) -> tuple[JobState, str]:
     if job.cancel_requested:
         return "cancelled", "the compile check was stopped"
-    verdict = _verdict(out)
+    verdict = printed_verdict(out)
     if verdict is None:
         lines = tail.strip().splitlines()
         return (
@@ -445,17 +445,12 @@ def _syntax_error(doc: Document) -> CompileError | None:
     return None
 
 
-def _verdict(out: bytes) -> Verdict | None:
-    """The verdict `htam eval --json` printed, or None where it printed none."""
-    try:
-        data = json.loads(out)
-        return Verdict.from_json(data) if isinstance(data, dict) else None
-    except (ValueError, TypeError, KeyError):
-        return None
-
-
 def _left_text(left_s: float | None) -> str:
-    return "" if left_s is None else f" (about {left_s:.0f} s left)"
+    """ " (about 36 s left)"; past the engine's estimate (it says 0 s), never a frozen
+    "0 s left" but that it takes longer than expected."""
+    if left_s is None:
+        return ""
+    return f" (about {left_s:.0f} s left)" if left_s >= 1 else " (taking longer than expected)"
 
 
 def _kernel_ranges(doc: Document) -> list[tuple[int, int]]:

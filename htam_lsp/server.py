@@ -39,6 +39,7 @@ from htam_lsp import (  # noqa: E402
     discovery,
     insight,
     lenses,
+    light,
     memory_view,
     rationale,
     results_view,
@@ -114,6 +115,7 @@ class HtamServer(LanguageServer):
         self.settings = Settings()
         self.records = sg.SuggestionStore(home)
         self.runs = Runs(self)  # jobs: their manager, events, and the errors they left
+        self.light = light.Light(self)  # the current code's speed of light, for the hover
         self.problems: dict[str, list[str]] = {}  # ignored settings, by where they came from
         self.client_name = ""  # clientInfo.name: advice in the client's own terms
         self.focus = ""  # the document the user worked in last (for commands without one)
@@ -264,8 +266,10 @@ def apply_settings(ls: HtamServer, raw: Any) -> None:
     """Workspace settings: they may switch execution off, never on (see settings.py)."""
     ls.settings, problems = ls.settings.merged(raw, may_allow=False)
     ls.problems["workspace settings"] = problems
-    if not ls.settings.allow_execution:
+    if not ls.settings.allow_execution or not ls.settings.start_ahead:
         ls.runs.cool()  # nothing runs ahead either
+    elif (doc := ls.docs.get(ls.focus)) is not None:
+        ls.runs.warm_up(doc)  # switched back on: ready for the kernel in front
     if problems:
         ls.show("HTAM settings ignored: " + "; ".join(problems), t.MessageType.Warning)
 
@@ -347,7 +351,7 @@ def hover(ls: HtamServer, params: t.HoverParams) -> t.Hover | None:
     unit = discovery.kernel_around(doc, ls.offset(doc, params.position))
     if unit is None:
         return None
-    markdown = rationale.explain(ls, doc, unit)
+    markdown = light.with_line(rationale.explain(ls, doc, unit), ls.light.line(doc))
     return t.Hover(
         contents=t.MarkupContent(kind=t.MarkupKind.Markdown, value=markdown),
         range=ls.lsp_range(doc, unit.name_start, unit.name_end),
@@ -487,7 +491,7 @@ async def explain(ls: HtamServer, *args: Any) -> dict[str, Any]:
     arg = _argument(args)
     doc = ls.document(arg.get("uri"))
     unit = _unit(ls, doc, _position(arg))
-    return {"markdown": rationale.explain(ls, doc, unit)}
+    return {"markdown": light.with_line(rationale.explain(ls, doc, unit), ls.light.line(doc))}
 
 
 @server.command("htam.results")
@@ -502,15 +506,17 @@ async def results(ls: HtamServer, *args: Any) -> dict[str, Any]:
 @server.command("htam.showMemory")
 @guarded()
 async def show_memory(ls: HtamServer, *args: Any) -> dict[str, Any]:
-    """The memory of `backend`, else of the document's backend (`uri`, else the document
-    the user worked in last), else cuda."""
+    """The memory of `backend`, else of the document's backend (`uri` where it is open
+    here, else the document the user worked in last), else cuda with a note saying so:
+    asked from any buffer (a scratch buffer, a README), it answers."""
     arg = _argument(args)
-    doc = ls.document(arg["uri"]) if arg.get("uri") else ls.docs.get(ls.focus)
-    default = insight.backend(doc) if doc is not None and doc.language else "cuda"
-    backend = arg.get("backend", default)
+    uri = arg.get("uri")
+    doc = ls.docs.get(uri) if isinstance(uri, str) else None
+    doc = doc or ls.docs.get(ls.focus)
+    backend = arg.get("backend") or (insight.backend(doc) if doc is not None else "cuda")
     if backend not in BACKENDS:
         raise JsonRpcInvalidParams(f"HTAM: backend must be one of {', '.join(BACKENDS)}")
-    return memory_view.memory_summary(ls.graph(backend))
+    return memory_view.memory_summary(ls.graph(backend), memory_view.whose(doc, arg))
 
 
 def _unit(ls: HtamServer, doc: Document, position: t.Position | None) -> discovery.Unit:
@@ -536,6 +542,7 @@ def progress_cancel(ls: HtamServer, params: t.WorkDoneProgressCancelParams) -> N
 async def shutdown(ls: HtamServer, params: Any) -> None:
     ls.runs.closing = True
     ls.runs.jobs.cancel()
+    ls.light.stop()
     await ls.runs.jobs.cool()
 
 

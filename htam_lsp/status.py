@@ -13,7 +13,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
-from htam_engine import __version__, machine
+from htam_engine import __version__, machine, roofline
 from htam_lsp.llm_provider import provider
 
 if TYPE_CHECKING:
@@ -38,9 +38,32 @@ async def report(ls: HtamServer) -> dict[str, Any]:
         "device": _device(ls.settings.device, gpu),
         "compilers": {c: shutil.which(c) for c in COMPILERS},
         "sandbox": await _sandbox(),
+        "machine": machine_limits(),
         "execution": {"allowed": ls.settings.allow_execution, "howToAllow": how_to_allow(ls)},
         "settings": ls.settings.to_json(),
         "problems": [f"{where}: {p}" for where, found in ls.problems.items() for p in found],
+    }
+
+
+def machine_limits() -> dict[str, Any]:
+    """This machine's measured limits as kept for every HTAM home (never measured here: a
+    measurement takes a minute): a one-line summary, each round's numbers, where kept."""
+    limits = roofline.cached_limits()
+    where = str(roofline.cached_path())
+    if limits is None:
+        return {
+            "measured": False,
+            "summary": "not measured yet: the first timed step measures it (or `htam machine`)",
+            "path": where,
+        }
+    return {
+        "measured": True,
+        "summary": roofline.summary(limits),
+        "stable": limits.stable,
+        "rounds": limits.rounds,
+        "measuredAt": limits.measured_at,
+        "fingerprint": limits.fingerprint,
+        "path": where,
     }
 
 

@@ -27,6 +27,7 @@ def hermetic_env(
     root = tmp_path / "hermetic"
     monkeypatch.setenv("HTAM_HOME", str(root / "home"))
     monkeypatch.setenv("HTAM_MACHINE_LIMITS", str(machine_limits_file))
+    monkeypatch.setenv("HTAM_MACHINE_DIR", str(root / "machine"))  # where no file is named
     monkeypatch.setenv("HTAM_BUILD_DIR", str(root / "builds"))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root / "torch-extensions"))
     monkeypatch.setenv("HTAM_KEEPER", "0")  # no judge kept past a test (its own tests aside)

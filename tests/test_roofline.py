@@ -134,13 +134,26 @@ def test_the_fp32_peak_is_the_cores_fma_rate_not_only_torchs_gemm() -> None:
     assert roofline._fma_gflops() >= 0.8 * roofline._gemm_gflops(torch, 512)
 
 
-def test_the_machine_is_measured_once_and_kept_by_its_fingerprint() -> None:
-    """A real measurement in this test's home; the second ask reads it; a refresh keeps
-    the best of each number (a neighbour only ever makes one low)."""
-    path = subdir("machine") / f"{roofline.fingerprint()}.json"
+def test_the_machine_is_measured_once_and_kept_by_its_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real measurement, in rounds, kept for every HTAM home on the machine: another
+    home reads it; the second ask reads it; a refresh keeps the best of each number (a
+    neighbour only ever makes one low)."""
+    path = roofline.cached_path()
+    assert path.parent == roofline.machine_dir() and path.name.startswith(roofline.fingerprint())
     assert roofline.cached_limits() is None
     limits = roofline.machine_limits()
     assert path.exists() and roofline.cached_limits() == limits
+    least, most = roofline.ROUNDS
+    assert least <= len(limits.rounds) <= most
+    assert limits.stable == (not roofline.unsettled(limits.rounds))
+    if len(limits.rounds) < most:
+        assert limits.stable, "it stops early only when two rounds agree"
+    best = roofline.headline(limits)
+    assert best == {name: max(r[name] for r in limits.rounds) for name in best}
+    monkeypatch.setenv("HTAM_HOME", str(tmp_path / "another home"))
+    assert roofline.cached_limits() == limits, "shared by every home on the machine"
     sizes = [size for size, _ in limits.bandwidth["1"]]
     assert sizes == list(roofline.CURVE_BYTES)
     assert all(gbs > 0 for _, gbs in limits.bandwidth["1"] + limits.bandwidth["all"])
@@ -156,10 +169,33 @@ def test_the_machine_is_measured_once_and_kept_by_its_fingerprint() -> None:
     assert done.returncode == 0, done.stderr
     assert MachineLimits.from_json(json.loads(done.stdout)) == limits
     assert path.stat().st_mtime_ns == stamp
+    said = subprocess.run(
+        [sys.executable, "-m", "htam_engine.cli", "machine"],
+        capture_output=True, text=True, timeout=60,
+    ).stderr  # fmt: skip
+    assert f"measured in {len(limits.rounds)} rounds" in said and str(path) in said
+    first = limits.rounds[0]["FP32 GFLOP/s"]
+    assert f"FP32 GFLOP/s: {first:.3g}" in said, said
+
+
+def test_rounds_agree_when_the_best_two_of_every_number_are_close() -> None:
+    """A round made low by a neighbour does not count against agreement; one number
+    whose best two differ by more than `AGREE` does."""
+    base = roofline.headline(_limits())
+    low = {name: value / 2 for name, value in base.items()}
+    close = {name: value * (1 - roofline.AGREE / 2) for name, value in base.items()}
+    assert roofline.unsettled([base]) == list(base)
+    assert roofline.unsettled([base, low]) == list(base)
+    assert roofline.unsettled([base, low, close]) == []
+    apart = {**close, "FP32 GFLOP/s": base["FP32 GFLOP/s"] * (1 - 2 * roofline.AGREE)}
+    assert roofline.unsettled([base, low, apart]) == ["FP32 GFLOP/s"]
+    kept = _limits(rounds=[base, low, close])
+    assert roofline.spread(kept)["FP32 GFLOP/s"] == pytest.approx(0.5)
 
 
 def test_a_cache_from_an_older_schema_is_not_believed() -> None:
-    path = subdir("machine") / f"{roofline.fingerprint()}.json"
+    path = roofline.cached_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**_limits().to_json(), "schema": roofline.SCHEMA - 1}))
     assert roofline.cached_limits() is None
     path.write_text("{not json")
@@ -167,7 +203,8 @@ def test_a_cache_from_an_older_schema_is_not_believed() -> None:
 
 
 def _kept(limits: MachineLimits) -> None:
-    path = subdir("machine") / f"{roofline.fingerprint()}.json"
+    path = roofline.cached_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(limits.to_json()))
 
 

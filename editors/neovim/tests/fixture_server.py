@@ -14,10 +14,15 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 KIND = "refactor.rewrite.htam"
+# A busy server: a lens asked for while a job runs is answered a second later, and a job
+# ends while the lens asked for after its last step is in flight (htam-lsp records and
+# confirms the job then): that answer arrives after the end, saying the job runs.
+LENS_DELAY_S = 1.0
 CANDIDATES = {"cpu.omp_simd": 1.25, "cpu.omp_parallel_for": 1.75}
 
 server = LanguageServer("htam-fixture", "0")
 state: dict[str, Any] = {"init": None, "done": set(), "jobs": 0, "cancelled": [], "running": {}}
+state["lenses_in_flight"] = 0
 
 
 @server.feature(types.INITIALIZE)
@@ -36,6 +41,10 @@ async def run_job(ls: LanguageServer, job_id: str, uri: str, steps: int) -> None
         running = {"state": "running", "phase": "compile", "message": message}
         ls.protocol.notify("htam/jobState", {**job, **running})
         ls.work_done_progress.report(token, types.WorkDoneProgressReport(message="compile"))
+        await asyncio.sleep(0.05)
+    for _ in range(int(2 * LENS_DELAY_S / 0.05)):  # end while a lens is in flight
+        if state["lenses_in_flight"]:
+            break
         await asyncio.sleep(0.05)
     ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message="done"))
     state["running"].pop(uri, None)
@@ -105,6 +114,13 @@ def status(ls: LanguageServer, *args: Any) -> dict[str, Any]:
             "allowed": bool(init.get("allowExecution")),
             "howToAllow": "require('htam').setup({ allow_execution = true })",
         },
+        "machine": {
+            "measured": True,
+            "summary": "one core: 31.2 GB/s past the caches; 3 rounds, spread up to 9 % (stable)",
+            "stable": True,
+            "measuredAt": "2026-12-06T13:27:52Z",
+            "path": "/cache/htam/machine/0123456789abcdef.json",
+        },
         "problems": [],
     }
 
@@ -115,9 +131,14 @@ def fixture_state(ls: LanguageServer) -> dict[str, Any]:
 
 
 @server.feature(types.TEXT_DOCUMENT_CODE_LENS)
-def code_lens(ls: LanguageServer, params: types.CodeLensParams) -> list[types.CodeLens]:
-    """Like htam-lsp's: over the kernel (line 3), the running job with Cancel, or Optimize."""
+async def code_lens(ls: LanguageServer, params: types.CodeLensParams) -> list[types.CodeLens]:
+    """Like htam-lsp's: over the kernel (line 3), the running job with Cancel, or Optimize
+    (`LENS_DELAY_S` late while a job runs)."""
     running = state["running"].get(params.text_document.uri)
+    if running:
+        state["lenses_in_flight"] += 1
+        await asyncio.sleep(LENS_DELAY_S)
+        state["lenses_in_flight"] -= 1
     title = f"HTAM: {running} (cancel)" if running else "Optimize with HTAM"
     where = types.Range(types.Position(2, 6), types.Position(2, 14))
     command = types.Command(title, "htam.cancel" if running else "htam.nextStep")

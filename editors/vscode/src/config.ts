@@ -8,6 +8,7 @@ export interface HtamSettings {
   device: string;
   cassette: string;
   minSpeedup: number;
+  startAhead: boolean;
 }
 
 export interface InitializationOptions {
@@ -18,6 +19,7 @@ export interface InitializationOptions {
   device: string;
   cassette?: string;
   minSpeedup: number;
+  startAhead: boolean;
   allowExecution: boolean;
 }
 
@@ -45,6 +47,7 @@ export function initializationOptions(
     steps: settings.steps,
     device: settings.device || "auto",
     minSpeedup: settings.minSpeedup,
+    startAhead: settings.startAhead,
     allowExecution: trusted,
   };
   if (settings.model) {

@@ -84,6 +84,7 @@ function settings(): HtamSettings {
     device: config.get("device", "auto"),
     cassette: config.get("cassette", ""),
     minSpeedup: config.get("minSpeedup", 1.1),
+    startAhead: config.get("startAhead", true),
   };
 }
 

@@ -11,6 +11,8 @@ export interface ServerStatus {
   sandboxWhy: string;
   executionAllowed: boolean;
   howToAllow: string;
+  /** This machine's measured limits in one line (or why there are none yet). */
+  machine: string;
   problems: string[];
 }
 
@@ -33,6 +35,7 @@ export function parseStatus(value: unknown): ServerStatus | undefined {
   const gpu = record(raw.gpu);
   const device = record(raw.device);
   const sandbox = record(raw.sandbox);
+  const machine = record(raw.machine);
   const compilers: Record<string, string | null> = {};
   for (const [name, path] of Object.entries(record(raw.compilers))) {
     compilers[name] = typeof path === "string" ? path : null;
@@ -48,6 +51,7 @@ export function parseStatus(value: unknown): ServerStatus | undefined {
     sandboxWhy: text(sandbox.why),
     executionAllowed: execution.allowed,
     howToAllow: text(execution.howToAllow),
+    machine: text(machine.summary, "not reported by the server"),
     problems: Array.isArray(raw.problems) ? raw.problems.filter((p) => typeof p === "string") : [],
   };
 }
@@ -68,6 +72,7 @@ export function statusTooltip(status: ServerStatus): string {
     `GPU: ${status.gpu ?? "none"}; candidates run on ${status.device} (${status.deviceWhy})`,
     `Compilers: ${compilers}`,
     `Sandbox: ${status.sandbox} (${status.sandboxWhy})`,
+    `Machine: ${status.machine}`,
     status.executionAllowed
       ? "Execution: allowed"
       : `Execution: off; to allow it: ${status.howToAllow}`,

@@ -10,6 +10,7 @@ const settings = {
   device: "cpu",
   cassette: "/c.json",
   minSpeedup: 1.25,
+  startAhead: false,
 };
 
 test("initialization options carry trust and drop empty settings", () => {
@@ -19,6 +20,7 @@ test("initialization options carry trust and drop empty settings", () => {
     device: "cpu",
     cassette: "/c.json",
     minSpeedup: 1.25,
+    startAhead: false,
     allowExecution: false,
   });
   const trusted = initializationOptions({ ...settings, model: "m", baseUrl: "http://x" }, true);

@@ -9,6 +9,11 @@ const ANSWER = {
   compilers: { nvcc: "/usr/local/cuda/bin/nvcc", "g++": null },
   sandbox: { mode: "bwrap", why: "candidates run in a bubblewrap sandbox" },
   execution: { allowed: false, howToAllow: "trust the workspace" },
+  machine: {
+    measured: true,
+    summary:
+      "one core: 31.2 GB/s past the caches, 118 GFLOP/s FP32; 3 rounds, spread up to 9 % (stable)",
+  },
   problems: ["workspace settings: htam.steps: expected an integer from 1 to 100"],
 };
 
@@ -27,5 +32,9 @@ test("the status item and tooltip say the server's facts", () => {
   assert.match(tooltip, /nvcc: \/usr\/local\/cuda\/bin\/nvcc; g\+\+: not found/);
   assert.match(tooltip, /^Sandbox: bwrap/m);
   assert.match(tooltip, /^Execution: off; to allow it: trust the workspace$/m);
+  assert.match(
+    tooltip,
+    /^Machine: one core: 31.2 GB\/s past the caches, .*3 rounds, spread up to 9 % \(stable\)$/m,
+  );
   assert.match(tooltip, /^Ignored setting: workspace settings: htam.steps/m);
 });

@@ -11,6 +11,7 @@ local M = {}
 ---@field allow_execution? boolean compile and run generated code (off by default)
 ---@field cassette? string JSONL cassette for the replay provider
 ---@field min_speedup? number offer a candidate only this much faster than your code (1.1)
+---@field start_ahead? boolean start the next step's process while a kernel is open (default true): idle, it holds about 1.2 GB of memory; false frees it
 ---@field progress? boolean nil (default): echo what a running job does; true: vim.notify each phase; false: one message at the end
 
 ---@type htam.Options
@@ -58,6 +59,7 @@ function M.server_settings()
     device = o.device,
     allowExecution = o.allow_execution,
     minSpeedup = o.min_speedup,
+    startAhead = o.start_ahead,
     cassette = type(o.cassette) == 'string'
         and vim.fs.normalize(vim.fn.fnamemodify(o.cassette, ':p'))
       or o.cassette,

@@ -195,6 +195,14 @@ local function report_status(s)
   local sandbox = s.sandbox or {}
   local level = sandbox.mode == 'bwrap' and 'ok' or 'warn'
   h[level](('sandbox: %s (%s)'):format(sandbox.mode or '?', sandbox.why or ''))
+  local limits = s.machine or {}
+  if limits.measured then
+    local level = limits.stable and 'ok' or 'warn'
+    h[level](('machine: %s (measured %s, kept for every HTAM home in %s)'):format(
+      limits.summary or '?', limits.measuredAt or '?', limits.path or '?'))
+  elseif limits.summary then
+    h.info(('machine: %s'):format(limits.summary))
+  end
   local execution = s.execution or {}
   if execution.allowed then
     h.ok('execution: allowed (candidates are compiled and run)')

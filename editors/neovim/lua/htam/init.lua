@@ -422,9 +422,14 @@ function M.memory(backend)
   if not client then
     return
   end
-  -- Without a backend the server shows the one of the current buffer's kernel.
-  local args = (backend and backend ~= '') and { backend = backend }
-    or { uri = vim.uri_from_bufnr(0) }
+  -- Without a backend the server shows the one of the current buffer's kernel, else (any
+  -- other buffer) of the kernel worked in last, saying which.
+  local args = vim.empty_dict()
+  if backend and backend ~= '' then
+    args = { backend = backend }
+  elseif vim.lsp.buf_is_attached(0, client.id) then
+    args = { uri = vim.uri_from_bufnr(0) }
+  end
   execute(client, 'htam.showMemory', { args }, function(result)
     if type(result) == 'table' and type(result.markdown) == 'string' then
       ui.scratch('htam://memory', result.markdown)

@@ -3,10 +3,30 @@ local M = {}
 
 local DELAY_MS = 300 -- after the last change: the server answers for the settled text
 
+---@type table<integer, integer>
+local asked = {} -- bufnr -> the number of the newest lens request
+---@type table<integer, integer>
+local shown = {} -- bufnr -> the number of the request whose answer is shown
+
+--- Ask the server for the lenses of `bufnr` now and show its answer, unless the answer to
+--- a later request is shown already. Not `vim.lsp.codelens.refresh()`: it drops a refresh
+--- asked while one is in flight, so the lens asked for when a job ended could stay
+--- "running" (the answer in flight) until the next edit.
 ---@param bufnr integer
 function M.refresh(bufnr)
-  if vim.api.nvim_buf_is_valid(bufnr) then
-    vim.lsp.codelens.refresh({ bufnr = bufnr })
+  if not vim.api.nvim_buf_is_valid(bufnr) then
+    return
+  end
+  local n = (asked[bufnr] or 0) + 1
+  asked[bufnr] = n
+  local params = { textDocument = vim.lsp.util.make_text_document_params(bufnr) }
+  for _, client in ipairs(vim.lsp.get_clients({ bufnr = bufnr, name = 'htam' })) do
+    client:request('textDocument/codeLens', params, function(err, result, ctx)
+      if (shown[bufnr] or 0) < n and vim.api.nvim_buf_is_valid(bufnr) then
+        shown[bufnr] = n
+        vim.lsp.codelens.on_codelens(err, result, ctx)
+      end
+    end, bufnr)
   end
 end
 
