@@ -19,7 +19,7 @@ Where = Literal["core", "GPU"]  # one CPU thread (the timing policy), or the GPU
 
 # Keys written only when set: a placement without them (as older versions wrote it) reads
 # back without them.
-_OPTIONAL = ("reference_fraction", "machine", "special_ops", "special_gops")
+_OPTIONAL = ("reference_fraction", "machine", "special_ops", "special_gops", "harness_ms")
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,15 @@ class Placement:
     roofline_ms: float  # max(bytes / bandwidth, flops / peak, special ops / exp rate)
     achieved_gbs: float
     achieved_gflops: float
-    fraction: float  # roofline time / measured time
+    fraction: float  # (roofline time + the harness's share) / measured time
     reference_fraction: float | None = None  # PyTorch's, when timed against it
     faster_than_light: bool = False  # even the interval's slow end beats the roofline
     machine: str | None = None  # the fingerprint of the limits it was placed on
     special_ops: int | None = None  # counted special-function calls (exp-class)
     special_gops: float | None = None  # the exp rate it is held to (None: not measured)
+    # The harness's own work inside every timed call (staging inputs, copying outputs
+    # out): no call is faster than the roofline time plus this, so `fraction` counts it.
+    harness_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -50,6 +53,7 @@ class Placement:
     def from_json(cls, data: dict[str, Any]) -> Placement:
         reference, machine = data.get("reference_fraction"), data.get("machine")
         special, rate = data.get("special_ops"), data.get("special_gops")
+        harness = data.get("harness_ms")
         return cls(
             int(data["bytes"]),
             int(data["flops"]),
@@ -66,6 +70,7 @@ class Placement:
             str(machine) if machine is not None else None,
             int(special) if special is not None else None,
             float(rate) if rate is not None else None,
+            float(harness) if harness is not None else None,
         )
 
 

@@ -123,7 +123,8 @@ def speed_of_light(verdict: Verdict) -> str:
     said = f"your code {_ms(verdict.runtime_ms)}"
     light = verdict.roofline
     if isinstance(light, Placement):
-        said += f"; its floor here {_ms(light.roofline_ms)}: {describe(light)}"
+        fastest = light.roofline_ms + (light.harness_ms or 0.0)  # the harness's share in
+        said += f"; its floor here {_ms(fastest)}: {describe(light)}"
     elif light is not None:
         said += f"; no floor ({light.why})"
     if verdict.ref_runtime_ms:

@@ -21,7 +21,7 @@ OPTIONS = {"allowExecution": True, "provider": "offline", "device": "cpu"}
 LINE = re.compile(
     r"\*\*Speed of light\*\*: your code (?P<time>[\d.e+-]+) ms; its floor here "
     r"(?P<floor>[\d.e+-]+) ms: at (?P<share>\d+) % of this core's (?P<what>[a-zA-Z0-9 ]+) "
-    r"\((?P<got>[\d.e+-]+) of (?P<limit>[\d.e+-]+) (?P<unit>[A-Za-z/]+)\)"
+    r"\((?P<got>[\d.e+-]+) of (?P<limit>[\d.e+-]+) (?P<unit>[A-Za-z/]+)[^)]*\)"
     r"(?: - faster than light)?; "
     r"PyTorch (?P<torch>[\d.e+-]+) ms \(at (?P<torch_share>\d+) %\)"
 )
@@ -70,9 +70,10 @@ async def test_the_hover_places_the_current_code_on_the_roofline_before_any_step
     found = await asyncio.wait_for(poll(), 300)
     time_ms, floor_ms = float(found["time"]), float(found["floor"])
     assert min(floor_ms, time_ms, float(found["torch"])) > 0
-    # one placement: the share is the floor over the time, and the achieved rate's share
+    # one placement: the share is the floor (the harness's share of a call in it) over
+    # the time; the rate over the whole call, harness and all, is no more than that share
     assert abs(int(found["share"]) - 100 * floor_ms / time_ms) <= 1  # both rounded
-    assert abs(float(found["got"]) / float(found["limit"]) - floor_ms / time_ms) < 0.02
+    assert float(found["got"]) / float(found["limit"]) < floor_ms / time_ms + 0.02
     heading, _, rest = (await hover(client, uri)).partition("\n\n")
     assert heading.startswith("### HTAM") and rest.startswith("**Speed of light**")
     await client.shutdown_session()
