@@ -94,9 +94,11 @@ def facts(
     best: Verdict | None,
     best_step: int,
     shapes: Sequence[str] = (),
+    shown: int | None = None,
 ) -> str:
     """The facts every prompt of `task` carries: machine, checks, shapes (`shapes`: the
-    judge's sizing of its inputs, where known) and times."""
+    judge's sizing of its inputs, where known) and times (`shown`: the step whose code the
+    prompt shows, where not the best's)."""
     return llm_facts.facts_block(
         backend=task.backend,
         threads=timing_threads(),
@@ -106,6 +108,7 @@ def facts(
         best=best,
         best_step=best_step,
         shapes=shapes,
+        shown=shown,
     )
 
 

@@ -457,7 +457,7 @@ class Optimizer:
         )
         state.threads = timing_threads()
         state.report = llm_facts.attempts_text(self.steps[-3:])
-        state.facts, state.code = self._times(), current.source  # for a chooser's prompt
+        state.facts, state.code = self._times(current), current.source  # for a chooser
         return state
 
     def _implement_or_fail(self, number: int, plan: Plan) -> Implemented:
@@ -491,19 +491,21 @@ class Optimizer:
         prompt = implement.next_version_prompt(self.task, node, family=family,
                                                signature=self.episode.signature,
                                                current=current, steps=self.steps,
-                                               facts_text=self._facts(),
+                                               facts_text=self._facts(plan.current),
                                                reason=plan.decision.local.reason)  # fmt: skip
         return implement.with_llm(self.provider, prompt, measure, task=self.task,
                                   local_text=node.prompt_text(family),
                                   candidates=self.config.candidates)  # fmt: skip
 
-    def _facts(self) -> str:
+    def _facts(self, current: Version | None = None) -> str:
+        """The prompt's facts; `current`, the version the step starts from."""
         if self.shapes is None:  # the judge's sizing, kept by content: asked once a run
             self.shapes = sizes.estimate(self.task, self.config.device).shapes
-        return implement.facts(self.task, *self._incumbents(), shapes=self.shapes)
+        shown = _tie_shown(current, self.referee.best)
+        return implement.facts(self.task, *self._incumbents(), shapes=self.shapes, shown=shown)
 
-    def _times(self) -> str:
-        return llm_facts.times_text(*self._incumbents())
+    def _times(self, current: Version) -> str:
+        return llm_facts.times_text(*self._incumbents(), _tie_shown(current, self.referee.best))
 
     def _incumbents(self) -> tuple[Verdict | None, Verdict | None, int]:
         """The start's verdict, the best's (None while it is the start) and its step."""
@@ -546,6 +548,11 @@ class Optimizer:
         self.clock.enter(phase)
         left = self.clock.left_s(self.config.steps - number + 1)
         self.emit(Phase(number, self.config.steps, phase, g, local, time.time(), left))
+
+
+def _tie_shown(current: Version | None, best: Version) -> int | None:
+    """The step of `current` where a step starts from it rather than from the best."""
+    return None if current is None or current.source == best.source else current.step
 
 
 def _stopped_by(verdict: Verdict) -> str:

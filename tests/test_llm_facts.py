@@ -92,6 +92,16 @@ def test_a_step_faster_than_the_start_but_refused_is_never_called_slower() -> No
     assert "kept as the new best" in facts.step_line(kept)
 
 
+def test_the_code_shown_is_named_when_it_is_a_tie_not_the_best() -> None:
+    """A step that starts from a tie (the plateau the memory expects to pay off) showed
+    its code under "Best kept (step 1, the code shown below)": a capable model could not
+    tell which code to build on."""
+    best = verdict(1.0)
+    assert "Best kept (step 1, the code shown below)" in facts.times_text(best, best, 1)
+    tie = facts.times_text(best, best, 1, shown=2)
+    assert "Best kept (step 1)" in tie and "code shown below is step 2's: not kept" in tie
+
+
 def test_every_figure_carries_its_interval_and_a_busy_one_says_it_is_inconclusive() -> None:
     from dataclasses import replace
 

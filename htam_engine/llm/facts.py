@@ -258,9 +258,12 @@ def _measured(verdict: Verdict) -> str:
     return text
 
 
-def times_text(start: Verdict | None, best: Verdict | None, best_step: int) -> str:
+def times_text(
+    start: Verdict | None, best: Verdict | None, best_step: int, shown: int | None = None
+) -> str:
     """The reference's, the start's and the best's times, each with its interval, and
-    the harness's own share of every timed call."""
+    the harness's own share of every timed call; `shown`, the step whose code the prompt
+    shows where that is not the best's (a tie the next step builds on)."""
     if start is None or start.ref_runtime_ms is None:
         return "Times: not measured yet."
     lines = [
@@ -268,12 +271,18 @@ def times_text(start: Verdict | None, best: Verdict | None, best_step: int) -> s
         f"{_ms(start.runtime_ms)} ({_measured(start)})" + _light(start)
     ]
     if best is not None and best_step:
+        where = "" if shown is not None else ", the code shown below"
         lines.append(
-            f"Best kept (step {best_step}, the code shown below): {_ms(best.runtime_ms)} "
+            f"Best kept (step {best_step}{where}): {_ms(best.runtime_ms)} "
             f"({_measured(best)})" + _light(best)
         )
-    else:
+    elif shown is None:
         lines.append("The code shown below is the starting implementation (nothing beat it yet).")
+    if shown is not None:
+        lines.append(
+            f"The code shown below is step {shown}'s: not kept (not clearly faster than the "
+            "best), but the memory expects the next change to pay off from it."
+        )
     if harness := start.spread.get("harness_ms"):
         lines.append(
             f"Every timed call, on both sides, includes the harness's own {harness:.2g} ms "
@@ -341,13 +350,14 @@ def facts_block(
     best: Verdict | None = None,
     best_step: int = 0,
     shapes: Sequence[str] = (),
+    shown: int | None = None,
 ) -> str:
     """Machine, timing, correctness, task and times: the generation prompt's facts."""
     checks = CHECKS.format(
         sets=Limits().input_sets, tolerances=_tolerances(), allowed=", ".join(allowed) or "none"
     )
     parts = [machine_text(backend, threads), checks, task_text(reference, shapes), SYNC]
-    parts.append(times_text(start, best, best_step))
+    parts.append(times_text(start, best, best_step, shown))
     parts.append(vectorizer_text(best if best is not None and best_step else start))
     return "\n".join(p for p in parts if p)
 
