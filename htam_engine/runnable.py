@@ -2,8 +2,9 @@
 
 A strategy runs when it fits the code by its own declarations, has not failed in this run
 (or, excluded, in an earlier one), was not tried on this very code, and can be written:
-its mechanical rewrite applies, or an LLM answers (also for a strategy whose rewrite does
-not apply to this code: a model's GEMM is no nest the register-tiling rewrite can read).
+its mechanical rewrite applies, or an LLM answers (also, for a strategy the seed marks
+`model_writes`, where its rewrite cannot read the code: a model's GEMM is no nest the
+register-tiling rewrite can read).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class Runnable:
         if self.rewrites(node, source):
             return None
         refused = _rewrite_refusal(node, source)
+        if refused and not node.model_writes:
+            return refused
         if not self.llm:
             return refused or "needs an LLM (offline provider: mechanical strategies only)"
         if self.llm_given_up:

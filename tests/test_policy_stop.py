@@ -136,7 +136,8 @@ def test_a_model_may_write_a_strategy_whose_rewrite_cannot_read_its_code() -> No
     an accumulator row) is no nest the register-tiling and loop-tiling rewrites read: they
     were never offered to the model, which then filed its own micro-kernel under loop
     interchange. With a model they are offered (it writes them); offline they are not,
-    with the rewrite's reason."""
+    with the rewrite's reason. A fused softmax is offered to no GEMM (a capable model was
+    asked for one, twice)."""
     from htam_engine import parsing
     from htam_engine.runnable import Runnable
 
@@ -149,3 +150,6 @@ def test_a_model_may_write_a_strategy_whose_rewrite_cannot_read_its_code() -> No
         assert offline is not None and not offline.startswith("does not fit"), offline
         assert Runnable(llm=True).why_not(node, kernel, source) is None
         assert not Runnable.rewrites(node, source)
+    # a strategy whose rewrite is its only test of fit stays where that rewrite applies
+    softmax = graph.locals["fused_softmax_vexp"]
+    assert Runnable(llm=True).why_not(softmax, kernel, source) is not None

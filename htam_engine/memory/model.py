@@ -195,6 +195,10 @@ class LocalNode:
     needs: list[str] = field(default_factory=list)
     forbids: list[str] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
+    # Where its mechanical rewrite cannot read the code, a model may still write it (a
+    # generic strategy, e.g. register tiling of the model's own GEMM); else the rewrite's
+    # refusal is its test of fit (a fused softmax rewrite says where a softmax is).
+    model_writes: bool = False
 
     def fits(self, family: str, tags: set[str]) -> str | None:
         """None when the strategy applies to a kernel of `family` with `tags`, else why not."""
@@ -454,6 +458,7 @@ def load_seed(backend: str) -> Graph:
             needs=list(lo.get("needs", [])),
             forbids=list(lo.get("forbids", [])),
             texts=dict(lo.get("texts", {})),
+            model_writes=bool(lo.get("model_writes", False)),
         )
         for lo in data["local"]
     }
