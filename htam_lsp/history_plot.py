@@ -57,6 +57,7 @@ def _draw(kernel: str, history: Sequence[StepRecord], path: Path) -> None:
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set(xlabel="step (all jobs)", ylabel="speedup over the code it started from")
     ax.set_title(f"HTAM: {kernel}")
+    ax.set_xlim(0.5, max(r.n for r in history) + 0.5)  # whole steps, one step included
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="best")
     fig.tight_layout()

@@ -363,7 +363,7 @@ def results_markdown(graph: Graph, parts: ResultsParts, notes: Sequence[str]) ->
     lines += [f"- {md(title)}" for title in parts.offered] or ["- nothing"]
     lines += ["", *(f"*{md(note)}*" for note in notes)]
     if parts.plot:
-        lines += ["", f"![speedup per step, all jobs]({Path(parts.plot).as_uri()})"]
+        lines += ["", f"![speedup per step]({Path(parts.plot).as_uri()})"]
     if steps:
         lines += ["", *history_table(graph, steps, last=len(steps))]
     lines += time_lines(steps)
