@@ -1,0 +1,85 @@
+"""Replayed records of a capable model answering HTAM's real requests on KernelBench
+problems (tests/fixtures/llm/frontier/kernelbench, `htam optimize --record`, see its
+README): the prompts carry the facts issue 47 asked for (input shapes, every figure with
+its interval, times and the current code in choice prompts, the chooser's reason in the
+next code prompt, register tiling offered for a GEMM), and every code answer the model
+wrote is read as a candidate."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from htam_engine.llm import extract_candidate
+
+RECORDS = Path(__file__).parent / "fixtures" / "llm" / "frontier" / "kernelbench"
+CASSETTES = sorted(RECORDS.glob("*.jsonl"))
+CODE = ("translate", "generate", "repair")
+FIGURE = re.compile(r"(\d+(?:\.\d+)?x)( \(95 % [\d.]+-[\d.]+\))? over PyTorch")
+VALID = re.compile(r"^Valid ids: (.*)$", re.M)
+
+
+def calls(cassette: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in cassette.read_text(encoding="utf-8").splitlines()]
+
+
+def test_records_of_both_arms_and_every_problem_are_here() -> None:
+    names = {c.stem for c in CASSETTES}
+    arms = {name.split("-", 1)[0] for name in names}
+    assert arms == {"htam", "flat"} and len(names) >= 8, names
+
+
+@pytest.mark.parametrize("cassette", CASSETTES, ids=lambda c: c.stem)
+def test_every_code_prompt_names_the_input_shapes_and_every_figure_its_interval(
+    cassette: Path,
+) -> None:
+    for call in calls(cassette):
+        if call["purpose"] not in CODE:
+            continue
+        prompt = call["prompt"]
+        inputs = re.search(r"^Inputs \(contiguous, on the device\): (.*)$", prompt, re.M)
+        assert inputs and "unknown" not in inputs.group(1) and "float32[" in inputs.group(1)
+        assert "'?'" not in prompt.split("Init arguments:", 1)[1].splitlines()[0]
+        for figure, interval in FIGURE.findall(prompt):
+            assert interval, f"{figure} over PyTorch without its interval"
+
+
+@pytest.mark.parametrize("cassette", CASSETTES, ids=lambda c: c.stem)
+def test_choice_prompts_carry_the_times_and_the_code_and_the_reason_reaches_the_code_prompt(
+    cassette: Path,
+) -> None:
+    recorded = calls(cassette)
+    for number, call in enumerate(recorded):
+        if call["purpose"] != "local":
+            continue
+        prompt = call["prompt"]
+        assert "PyTorch reference:" in prompt and "[REDACTED]" not in prompt
+        assert "class ModelNew" in prompt.split("## Current implementation", 1)[1]
+        chosen = json.loads(call["text"])
+        following = recorded[number + 1] if number + 1 < len(recorded) else None
+        if following is not None and following["purpose"] == "generate":
+            assert chosen["reason"][:40] in following["prompt"]
+
+
+def test_a_gemm_is_offered_register_tiling_by_the_memory() -> None:
+    """The HTAM arm's choices (flat retrieval asks no chooser) for the GEMM problems."""
+    gemms = [
+        c for c in CASSETTES if c.stem.startswith("htam-") and re.search("Gemm|Matmul", c.stem)
+    ]
+    assert gemms
+    for cassette in gemms:
+        offered = " ".join(VALID.findall(" ".join(c["prompt"] for c in calls(cassette))))
+        assert "register_tiling_cpu" in offered, cassette.stem
+
+
+@pytest.mark.parametrize("cassette", CASSETTES, ids=lambda c: c.stem)
+def test_every_code_answer_is_read_as_a_candidate(cassette: Path) -> None:
+    for call in calls(cassette):
+        if call["purpose"] in CODE:
+            answer = extract_candidate(call["text"], "python", truncated=call["truncated"])
+            assert answer.code is not None, answer.reason
+            assert "class ModelNew" in answer.code
