@@ -144,7 +144,8 @@ def test_a_held_judge_makes_no_inputs_until_an_evaluation_takes_it(
     that takes it, which no other judge serves (without `keep_warm`, none follows)."""
     path = FIXTURES / "correct.py"
     task = with_start(with_policy(load_task(path)), path)
-    assert runner.size_problem(task, "cpu") == Sized(64 * 256 * 4, 64 * 256 * 4)
+    sized = Sized(64 * 256 * 4, 64 * 256 * 4, shapes=["float32[64, 256]"])
+    assert runner.size_problem(task, "cpu") == sized
     held = _spare()
     try:
         for _ in range(120):  # its torch import: up to a minute on a busy CI

@@ -11,9 +11,7 @@ policy at the end.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,37 +19,33 @@ import pytest
 import pytest_lsp
 from helpers.lsp import (
     CLIENTS,
-    FIXTURES,
     REPO,
     find,
     initialize,
     open_file,
-    server_config,
     wait_until,
 )
+from helpers.scripted_engine import (
+    LOG,
+    OPTIONS,
+    SCRIPT,
+    TERMINAL,
+    duel,
+    hover_markdown,
+    offered_actions,
+    plain,
+    result,
+    scripted_config,
+    step,
+)
 from lsprotocol import types as t
-from pytest_lsp import ClientServerConfig, LanguageClient
-
-FAKE = Path(tempfile.mkdtemp(prefix="htam-fake-engine-"))
-SCRIPT, LOG = FAKE / "script.json", FAKE / "argv.jsonl"
-OPTIONS = {"allowExecution": True, "provider": "offline", "device": "cpu", "minSpeedup": 1.1}
-TERMINAL = {"done", "failed", "cancelled", "refused"}
-START_REF = 0.5  # the starting code over PyTorch, with its interval 0.48-0.52
+from pytest_lsp import LanguageClient
 
 
-def _config() -> ClientServerConfig:
-    return server_config(
-        HTAM_LSP_ENGINE="fake_engine",
-        PYTHONPATH=os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]),
-        HTAM_FAKE_ENGINE_SCRIPT=str(SCRIPT),
-        HTAM_FAKE_ENGINE_LOG=str(LOG),
-    )
-
-
-@pytest_lsp.fixture(config=_config(), params=CLIENTS)
+@pytest_lsp.fixture(config=scripted_config(), params=CLIENTS)
 async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest):
     states: list[dict[str, Any]] = []
-    lsp_client.feature("htam/jobState")(lambda params: states.append(_plain(params)))
+    lsp_client.feature("htam/jobState")(lambda params: states.append(plain(params)))
     lsp_client.feature(t.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
     lsp_client.spec = request.param  # type: ignore[attr-defined]
     lsp_client.states = states  # type: ignore[attr-defined]
@@ -60,68 +54,11 @@ async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest):
     await lsp_client.shutdown_session()
 
 
-def _plain(params: Any) -> dict[str, Any]:
-    return dict(params) if isinstance(params, dict) else dict(params._asdict())
-
-
 @pytest.fixture
 def task(tmp_path: Path) -> Path:
     for name in ("cpu_naive.py", "reference.py"):
         shutil.copy(REPO / "examples" / "softmax" / name, tmp_path / name)
     return tmp_path / "cpu_naive.py"
-
-
-def step(n: int, local: str, ref: tuple[float, float, float] | None, replace: list[str]) -> dict:
-    """A step event: correct with its speedup over PyTorch `ref` (estimate, low, high),
-    or, with `ref` None, a compile error."""
-    verdict: dict[str, Any] = {"compiled": ref is not None, "correct": ref is not None}
-    if ref is None:
-        verdict["error"] = {"kind": "compile_error", "message": "error: bad flag"}
-    else:
-        estimate, low, high = ref
-        verdict.update(
-            speedup=estimate,
-            runtime_ms=round(1.0 / estimate, 4),
-            ref_runtime_ms=1.0,
-            inputs_checked=3,
-            interval={"estimate": estimate, "low": low, "high": high},
-        )
-    return {
-        "event": "step",
-        "step": n,
-        "global": "compiler_flags",
-        "local": local,
-        "reason": "scripted",
-        "status": "compile_error" if ref is None else "improved",
-        "reward": 0.1,
-        "speedup": None if ref is None else ref[0] / START_REF,
-        "verdict": verdict,
-        "replace": replace,
-    }
-
-
-def duel(speedup: float, low: float, high: float, confirmed: bool = True, against: int = 0) -> dict:
-    """The `versus_best` of a step event: its duel in pairs against the best so far, the
-    step `against` (0: the start)."""
-    timed = {"speedup": speedup, "low": low, "high": high, "confirmed": confirmed}
-    return {"versus_best": {**timed, "against": against}}
-
-
-def result(best_step: int, best: float | None, bounds: tuple[float, float] | None) -> dict:
-    low, high = bounds or (None, None)
-    return {
-        "event": "result",
-        "run_id": "r",
-        "task": "cpu_naive",
-        "correct": True,
-        "best_speedup": best,
-        "ref_speedup": None if best is None else best * START_REF,
-        "best_step": best_step,
-        "stopped": "completed",
-        "output_dir": "",
-        "best_low": low,
-        "best_high": high,
-    }
 
 
 async def _run(client: LanguageClient, uri: str, where: t.Position) -> dict[str, Any]:
@@ -138,28 +75,11 @@ async def _run(client: LanguageClient, uri: str, where: t.Position) -> dict[str,
     )
 
 
-async def _offered(client: LanguageClient, uri: str, where: t.Position) -> list[t.CodeAction]:
-    found = await client.text_document_code_action_async(
-        t.CodeActionParams(
-            t.TextDocumentIdentifier(uri), t.Range(where, where), t.CodeActionContext([])
-        )
-    )
-    return [a for a in found or [] if isinstance(a, t.CodeAction) and a.data]
-
-
 async def _lenses(client: LanguageClient, uri: str) -> list[str]:
     lenses = await client.text_document_code_lens_async(
         t.CodeLensParams(t.TextDocumentIdentifier(uri))
     )
     return [lens.command.title for lens in lenses or [] if lens.command]
-
-
-async def _hover(client: LanguageClient, uri: str, where: t.Position) -> str:
-    hover = await client.text_document_hover_async(
-        t.HoverParams(t.TextDocumentIdentifier(uri), where)
-    )
-    assert hover is not None and isinstance(hover.contents, t.MarkupContent)
-    return hover.contents.value
 
 
 async def test_an_estimate_over_the_threshold_with_a_lower_bound_under_it_is_not_offered(
@@ -179,9 +99,9 @@ async def test_an_estimate_over_the_threshold_with_a_lower_bound_under_it_is_not
     said = "best 1.15x (95 % 1.04-1.29): the lower bound of its 95 % interval is under 1.10x"
     assert said in final["message"] and final["suggestions"] == 0, final["message"]
 
-    assert await _offered(client, uri, where) == []
+    assert await offered_actions(client, uri, where) == []
     assert f"HTAM: no faster candidate yet ({said})" in await _lenses(client, uri)
-    hover = await _hover(client, uri, where)
+    hover = await hover_markdown(client, uri, where)
     assert "No candidate is offered" in hover and said in hover, hover
     assert "| 1.15x (95 % 1.04-1.29) |" in hover  # the measured history shows the interval
     assert "| 1.12x (95 % 1.03-1.22), 2 runs |" in hover  # and the duel against the best
@@ -191,7 +111,7 @@ async def test_an_estimate_over_the_threshold_with_a_lower_bound_under_it_is_not
     SCRIPT.write_text(json.dumps([[again, result(1, 1.4, (0.68 / 0.52, 0.72 / 0.48))]]))
     LOG.unlink()
     final = await _run(client, uri, where)
-    offered = await _offered(client, uri, where)
+    offered = await offered_actions(client, uri, where)
     assert [a.data["speedupLow"] > 1.1 for a in offered] == [True], final  # type: ignore[index]
     # A short title; what it measured and changed is in the results (and hover, diff).
     assert (
@@ -234,10 +154,10 @@ async def test_only_what_the_engine_confirmed_is_offered_and_its_paired_number_i
     assert final["state"] == "done" and f"(closest: {said})" in final["message"], final
     assert final["suggestions"] == 0 and final["bestSpeedup"] is None, final
 
-    assert await _offered(client, uri, where) == []
+    assert await offered_actions(client, uri, where) == []
     lenses = await _lenses(client, uri)
     assert f"HTAM: no faster candidate yet (closest: {said})" in lenses, lenses
-    hover = await _hover(client, uri, where)
+    hover = await hover_markdown(client, uri, where)
     assert "1.39x" not in hover.replace("est. 1.39x", ""), hover  # never unlabelled
     assert "| 0.96x (95 % 0.64-1.42) |" in hover and "| est. 1.20x |" in hover, hover
     shown = await client.workspace_execute_command_async(
@@ -264,7 +184,7 @@ async def test_a_win_confirmed_against_an_earlier_candidate_says_so(
     uri = open_file(client, task, "python")
     where = find(text, "ModelNew", encoding)
     await _run(client, uri, where)
-    offered = await _offered(client, uri, where)
+    offered = await offered_actions(client, uri, where)
     data = {a.data["localId"]: a for a in offered}  # type: ignore[index]
     assert set(data) == {"flags_o3", "unroll"}, [a.title for a in offered]
     first_n = data["flags_o3"].data["n"]  # type: ignore[index]
@@ -312,7 +232,7 @@ async def test_a_strategy_that_did_not_help_on_this_code_is_not_chosen_again_for
     uri = open_file(client, task, "python")
     where = find(text, "ModelNew", encoding)
     await _run(client, uri, where)
-    offered = await _offered(client, uri, where)
+    offered = await offered_actions(client, uri, where)
     assert [a.title for a in offered] == [
         "HTAM: apply Compiler Flags -> flags_o3: 1.20x faster (95 % 1.12-1.30)"
     ]

@@ -19,30 +19,30 @@ from typing import Any
 import pytest
 import pytest_lsp
 from helpers.lsp import CLIENTS, apply_edits, edits_of, find, initialize, open_file, wait_until
-from lsprotocol import types as t
-from pytest_lsp import LanguageClient
-from test_lsp_intervals import (
+from helpers.scripted_engine import (
     FAKE,
     LOG,
     OPTIONS,
     SCRIPT,
     TERMINAL,
-    _config,
-    _hover,
-    _offered,
-    _plain,
     duel,
+    hover_markdown,
+    offered_actions,
+    plain,
     result,
+    scripted_config,
     step,
 )
+from lsprotocol import types as t
+from pytest_lsp import LanguageClient
 
 GATE = FAKE / "gate"
 
 
-@pytest_lsp.fixture(config=_config(), params=CLIENTS)
+@pytest_lsp.fixture(config=scripted_config(), params=CLIENTS)
 async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest):
     states: list[dict[str, Any]] = []
-    lsp_client.feature("htam/jobState")(lambda params: states.append(_plain(params)))
+    lsp_client.feature("htam/jobState")(lambda params: states.append(plain(params)))
     lsp_client.feature(t.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
     lsp_client.spec = request.param  # type: ignore[attr-defined]
     lsp_client.states = states  # type: ignore[attr-defined]
@@ -109,7 +109,7 @@ async def test_closing_the_file_mid_step_keeps_the_result_and_says_it(
     assert final["suggestions"] == 1 and final["bestSpeedup"] == pytest.approx(3.04), final
 
     uri = open_file(client, task, "python")  # reopened: the same win is offered
-    offered = await _offered(client, uri, find(text, "ModelNew", encoding))
+    offered = await offered_actions(client, uri, find(text, "ModelNew", encoding))
     assert [a.title for a in offered] == [
         "HTAM: apply Compiler Flags -> flags_o3: 3.04x faster (95 % 2.90-3.20)"
     ]
@@ -155,17 +155,17 @@ async def test_the_hover_answers_first_and_an_applied_win_supersedes_its_sibling
     final = await _final(client, await _start(client, uri, where))
     assert final["kernel"] == "softmax_forward", final  # the user's function, not ModelNew
 
-    hover = await _hover(client, uri, where)
+    hover = await hover_markdown(client, uri, where)
     order = ["**Offered:** ", "**What changes**", "**Measured history**", "**Last step**"]
     at = [hover.find(part) for part in order]
     assert -1 not in at and at == sorted(at), hover
     assert "3.04x faster than your code (95 % 2.90-3.20" in hover.split("**What changes**")[0]
     assert "adds \\_\\_restrict\\_\\_ to the pointers" in hover, hover
 
-    best = (await _offered(client, uri, where))[0]
+    best = (await offered_actions(client, uri, where))[0]
     resolved = await client.code_action_resolve_async(best)
     _change(client, uri, 2, apply_edits(text, edits_of(resolved.edit, uri), encoding))
-    hover = await _hover(client, uri, where)
+    hover = await hover_markdown(client, uri, where)
     assert "Applied: " in hover and "no longer apply" not in hover, hover
 
 
@@ -249,10 +249,10 @@ async def test_a_step_cut_short_by_a_restart_is_said_after_it(task: Path):
 
 async def _session() -> LanguageClient:
     """A real server (as the fixture starts it) with a client that keeps its job states."""
-    client = await _config().start()
+    client = await scripted_config().start()
     assert isinstance(client, LanguageClient)
     states: list[dict[str, Any]] = []
-    client.feature("htam/jobState")(lambda params: states.append(_plain(params)))
+    client.feature("htam/jobState")(lambda params: states.append(plain(params)))
     client.feature(t.WORKSPACE_CODE_LENS_REFRESH)(lambda params: None)
     client.states = states  # type: ignore[attr-defined]
     await initialize(client, "neovim", OPTIONS)
