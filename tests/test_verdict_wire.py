@@ -24,7 +24,7 @@ from htam_engine.evaluate.verdict import Check, Duel, ErrorKind, EvalError, Verd
 from htam_engine.placement import Placement, Unplaced
 from htam_engine.stats import Interval
 from htam_engine.vocabulary import FAILED_STATUS, STATUS_TABLE, Status
-from htam_lsp import render, runs
+from htam_lsp import jobs, render
 from htam_lsp import suggestions as sg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,11 +203,12 @@ def test_the_title_shows_the_engine_s_numbers() -> None:
     assert render.gain_text(unconfirmed).startswith("not confirmed faster: 1.46x (95 % ")
 
 
-def test_the_compile_check_reads_htam_eval_s_document() -> None:
+def test_the_server_reads_htam_eval_s_document() -> None:
+    """The compile check's and the speed-of-light line's one reader of `htam eval --json`."""
     verdict = Verdict(**FULL)
-    assert runs._verdict(json.dumps(verdict.to_json()).encode()) == verdict
-    assert runs._verdict(b"Traceback ...") is None
-    assert runs._verdict(b"[1, 2]") is None
+    assert jobs.printed_verdict(json.dumps(verdict.to_json()).encode()) == verdict
+    assert jobs.printed_verdict(b"Traceback ...") is None
+    assert jobs.printed_verdict(b"[1, 2]") is None
 
 
 def test_every_error_kind_that_fails_a_compiled_candidate_has_its_status() -> None:
