@@ -50,9 +50,9 @@ class Runnable:
             return "already tried on the current code"
         if (node.parent, source) in self.set_aside:
             return "its direction was set aside for the current code (none of it fit)"
-        if self.rewrites(node, source):
+        refused = _rewrite_refusal(node, source)  # a rewrite's check parses the code: once
+        if node.mechanical and refused is None:
             return None
-        refused = _rewrite_refusal(node, source)
         if refused and not node.model_writes:
             return refused
         if not self.llm:

@@ -290,7 +290,8 @@ class Runs:
         threshold = self.ls.settings.min_speedup
         found = sg.offer(history, begun.text, threshold)
         doc = self.ls.docs.get(job.uri)
-        now = sg.offer(history, doc.text, threshold) if doc is not None else found
+        edited = doc is not None and doc.text != begun.text
+        now = sg.offer(history, doc.text, threshold) if edited and doc else found
         job.suggestions = len(now.suggestions)
         job.best_speedup = now.suggestions[0].record.speedup if now.suggestions else None
         stopped = "" if not isinstance(job.last, events.Result) else job.last.stopped
