@@ -296,7 +296,7 @@ def read_item(descriptor: int, item: dict[str, Any]) -> torch.Tensor | None:
     count = 1
     for size in item["shape"]:
         count *= size
-    raw = torch.empty(count * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8)
+    raw = torch.empty(count * dtype.itemsize, dtype=torch.uint8)
     view = raw.numpy().data
     done = 0
     while done < len(view):
@@ -314,5 +314,5 @@ def tensor_view(buffer: torch.Tensor, item: dict[str, Any]) -> torch.Tensor:
     for size in item["shape"]:
         count *= size
     start = item["offset"]
-    raw = buffer[start : start + count * torch.empty((), dtype=dtype).element_size()]
+    raw = buffer[start : start + count * dtype.itemsize]
     return raw.view(dtype).view(item["shape"])
