@@ -271,3 +271,11 @@ def state_tags(backend: Backend) -> frozenset[str]:
 # 1e-2 (from torchbench); fp64 1e-7 (torch.testing's float64 default). Other floats get
 # fp32's; integers and booleans must match exactly. The judge and the prompts read this.
 TOLERANCES = {"float64": 1e-7, "float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
+
+# The precision check's bound, by output dtype: the relative L2 error against a float64
+# reference that work in that dtype never needs (fp32 work is ~1e-7 off, half
+# precision's ~3e-4; fp64 work is ~1e-15 off, fp32's ~1e-7), or PRECISION_FACTOR times
+# the reference's own error in that dtype, whichever is more. Absent: no check
+# (half-precision outputs, integers). The judge and the prompts read this.
+PRECISION_FLOORS = {"float32": 1e-4, "float64": 1e-10}
+PRECISION_FACTOR = 16.0

@@ -18,7 +18,7 @@ import torch
 
 from htam_engine.evaluate.ops import LAYOUT_OPS, RANDOM_OPS
 from htam_engine.kernels import CompileError
-from htam_engine.vocabulary import TOLERANCES
+from htam_engine.vocabulary import PRECISION_FLOORS, TOLERANCES
 
 _OOM = re.compile(
     r"out of memory|can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED|std::bad_alloc", re.I
@@ -248,14 +248,9 @@ def tolerance(dtype: torch.dtype) -> float:
     return TOLERANCES.get(str(dtype).removeprefix("torch."), TOLERANCES["float32"])
 
 
-# The relative L2 error against a float64 reference that work in a dtype never needs:
-# fp32 work is ~1e-7 off, half precision's ~3e-4; fp64 work is ~1e-15 off, fp32's ~1e-7.
-# None: no check (half-precision outputs, integers).
-_PRECISION_FLOOR = {torch.float32: 1e-4, torch.float64: 1e-10}
-
-
 def precision_floor(dtype: torch.dtype) -> float | None:
-    return _PRECISION_FLOOR.get(dtype)
+    """`vocabulary.PRECISION_FLOORS` for `dtype` (None: not checked)."""
+    return PRECISION_FLOORS.get(str(dtype).removeprefix("torch."))
 
 
 def layout(values: list[Any]) -> tuple[list[dict[str, Any]], int]:

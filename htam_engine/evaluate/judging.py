@@ -54,7 +54,7 @@ from htam_engine.evaluate.wider import (
     size_constants,
     widening,
 )
-from htam_engine.vocabulary import ErrorKind
+from htam_engine.vocabulary import PRECISION_FACTOR, ErrorKind
 
 Outputs = list[torch.Tensor]
 LATE_CHECK_S = 0.1  # how long after `done` a verified output is read again
@@ -75,7 +75,6 @@ CHECK_EVERY = 5  # trials between two looks at the interval (a bootstrap costs ~
 CALL_LIMIT_FACTOR = 500.0  # a timed call may take this many times the reference's (naive
 # kernels run 100x slower than torch), ...
 CALL_LIMIT_FLOOR_S = 2.0  # ... or this long, whichever is more
-PRECISION_FACTOR = 16.0
 PRECISION_SHARE = 0.3  # of the judged timed calls, besides the last, checked in float64 too
 PRECISION_SAMPLES = 3  # ... at most (the float64 reference is slow: a GEMM, 1 thread)
 _rng = secrets.SystemRandom()

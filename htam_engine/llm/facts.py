@@ -22,7 +22,7 @@ from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.events import Step
 from htam_engine.formatting import format_bounded, format_speedup
 from htam_engine.llm.prompts import QUOTED, fence_block
-from htam_engine.vocabulary import TOLERANCES, Status
+from htam_engine.vocabulary import PRECISION_FACTOR, PRECISION_FLOORS, TOLERANCES, Status
 
 # atol = rtol per dtype, as `evaluate.common.tolerance` (a test keeps the two equal).
 REFUSED = "not kept (not clearly faster than the best)"
@@ -32,8 +32,10 @@ ERROR_CHARS = 400
 CHECKS = (
     "Correctness: {sets} fresh random input sets (seeds your code never sees) against the "
     "reference, atol = rtol by output dtype ({tolerances}; integers exact), plus a "
-    "precision check against a float64 reference (float32 work done in half precision "
-    "fails even inside the tolerance); inputs must stay unchanged; outputs must be fresh "
+    "precision check against a float64 reference: relative L2 error at most {precision} "
+    "or {factor:g}x the PyTorch reference's own, whichever is more (float32 work done in "
+    "half precision fails even inside the tolerance); inputs must stay unchanged; outputs "
+    "must be fresh "
     "tensors of the reference's shapes and dtypes, without NaN/Inf; some timed calls' "
     "outputs are checked too.\n"
     "`cheating` (the worst outcome): calling the reference or torch to produce the output, "
@@ -45,8 +47,11 @@ SYNC = (
     "Parameters: `ModelNew(*get_init_inputs())` is built right after "
     "`torch.manual_seed(S)`, the seed `Model(*get_init_inputs())` gets, so they hold the "
     "same weights only if ModelNew creates the same parameters (the same nn modules with "
-    "the same shapes, in the same order, e.g. keep `self.linear = nn.Linear(...)`) and "
-    "reads them in forward; never re-initialize them."
+    "the same shapes, in the same order, e.g. keep `self.linear = nn.Linear(...)`); "
+    "never re-initialize them. Work on the parameters alone (a "
+    "transposed or packed weight) may be done once in __init__, after they are created, "
+    "and kept across calls; everything that depends on the inputs is computed in every "
+    "call."
 )
 
 
@@ -340,6 +345,10 @@ def _tolerances() -> str:
     return ", ".join(f"{dtype} {tol:g}" for dtype, tol in TOLERANCES.items())
 
 
+def _precision_floors() -> str:
+    return ", ".join(f"{floor:g} ({dtype})" for dtype, floor in PRECISION_FLOORS.items())
+
+
 def facts_block(
     *,
     backend: str,
@@ -354,7 +363,11 @@ def facts_block(
 ) -> str:
     """Machine, timing, correctness, task and times: the generation prompt's facts."""
     checks = CHECKS.format(
-        sets=Limits().input_sets, tolerances=_tolerances(), allowed=", ".join(allowed) or "none"
+        sets=Limits().input_sets,
+        tolerances=_tolerances(),
+        precision=_precision_floors(),
+        factor=PRECISION_FACTOR,
+        allowed=", ".join(allowed) or "none",
     )
     parts = [machine_text(backend, threads), checks, task_text(reference, shapes), SYNC]
     parts.append(times_text(start, best, best_step, shown))
