@@ -47,6 +47,25 @@ def test_the_facts_block_states_what_an_engineer_asks_first() -> None:
     assert "torch.manual_seed(S)" in text
     assert "PyTorch reference: 1 ms; starting implementation: 4 ms (0.25x over PyTorch)" in text
     assert "Best kept (step 2, the code shown below): 2 ms (0.50x over PyTorch)" in text
+    assert "relative L2 error at most 0.0001 (float32)" in text and "16x the PyTorch" in text
+    assert "may be done once in __init__" in text
+    assert count_tokens(text) <= BUDGET["facts"]
+
+
+def test_a_full_facts_block_fits_its_budget_uncut() -> None:
+    """The largest facts a CPU prompt carries (times, the harness's share, the vectorizer
+    report at its cap) are shown whole: before, the report's head was cut."""
+    from dataclasses import replace
+
+    from htam_engine.evaluate.judging import VECTORIZER_CHARS
+
+    line = "line 66 `for (long long j = 0; j < inner; ++j) { double v = r`: not vectorized\n"
+    report = (line * (VECTORIZER_CHARS // len(line)))[:VECTORIZER_CHARS]
+    start = replace(verdict(4.0), spread={"harness_ms": 2.0})
+    best = replace(verdict(2.0), vectorizer=report)
+    text = facts.facts_block(backend="cpu", threads=1, reference=LINEAR, start=start,
+                             best=best, best_step=2)  # fmt: skip
+    assert report.splitlines()[0] in text and "harness's own 2 ms" in text
     assert count_tokens(text) <= BUDGET["facts"]
 
 

@@ -83,3 +83,21 @@ def test_every_code_answer_is_read_as_a_candidate(cassette: Path) -> None:
             answer = extract_candidate(call["text"], "python", truncated=call["truncated"])
             assert answer.code is not None, answer.reason
             assert "class ModelNew" in answer.code
+
+
+@pytest.mark.parametrize("cassette", CASSETTES, ids=lambda c: c.stem)
+def test_the_models_own_code_is_shown_whole_when_it_chooses_next(cassette: Path) -> None:
+    """The recorded choice prompts cut the model's hand-vectorized GEMM by up to 150
+    lines: every code answer of these runs now fits both prompts whole."""
+    from htam_engine.llm.prompts import generation_prompt, local_selection_prompt
+
+    for call in calls(cassette):
+        if call["purpose"] in CODE:
+            code = extract_candidate(call["text"], "python", truncated=call["truncated"]).code
+            assert code is not None
+            _, choice = local_selection_prompt("s", "g", [("a", "b")], current_code=code)
+            _, generation = generation_prompt("t", code, "", "edit", None, [], "python")
+            middle = code.strip().splitlines()[len(code.strip().splitlines()) // 2]
+            for prompt in (choice, generation):
+                assert "omitted to fit the prompt budget" not in prompt
+                assert middle in prompt

@@ -14,10 +14,14 @@ from htam_engine.llm.tokens import count_tokens, truncate_tokens
 
 LANGUAGES = {"python": "python", "cuda": "cuda", "cpp": "cpp"}
 
-# Tokens per section (cl100k). The sum bounds a generation prompt to about 10k tokens.
+# Tokens per section (cl100k). The sum bounds a generation prompt to about 16k tokens, a
+# choice prompt to about 9k. The code (in both) and the facts are sized so that a
+# capable model's own register-tiled GEMM (up to 5k tokens in the recorded runs) and a
+# full facts block (times, the harness's share, the vectorizer report at its cap) are
+# shown whole: what the model reasons about is the code it wrote, not its head and tail.
 BUDGET = {
     "task": 1800,
-    "code": 4500,
+    "code": 6000,
     "feedback": 600,
     "local": 900,
     "positive": 2000,
@@ -26,9 +30,9 @@ BUDGET = {
     "global": 700,
     "candidate": 250,
     "failure": 1200,
-    "facts": 900,
+    "facts": 1600,
     "attempts": 700,
-    "excerpt": 1500,  # the current code in a choice prompt
+    "excerpt": 6000,  # the current code in a choice prompt
     "failed": 800,  # the last failed attempt's code in a code prompt
     "reason": 120,
 }
