@@ -305,7 +305,7 @@ class Optimizer:
         applicable = self.runnable.of(graph, state, current.source)
         usable = restrict(graph, applicable)
         if not usable.globals and self.runnable.sets_aside(current.source):
-            state.features.add(OFFERS_USED_UP)  # the model's own strategy, once for this code
+            state.features.add(OFFERS_USED_UP)  # the model's own strategy, until it sets it aside
             applicable = self.runnable.of(graph, state, current.source)
             usable = restrict(graph, applicable)
         if not usable.globals:

@@ -1,7 +1,8 @@
 """Which strategies a run's next step may choose (design, "Applicability is data").
 
 A strategy runs when it fits the code by its own declarations, has not failed in this run
-(or, excluded, in an earlier one), was not tried on this very code, and can be written:
+(or, excluded, in an earlier one), was not tried on this very code (an `open_ended` one,
+the model's own strategy, is a new change each time), and can be written:
 its mechanical rewrite applies, or an LLM answers (also, for a strategy the seed marks
 `model_writes`, where its rewrite cannot read the code: a model's GEMM is no nest the
 register-tiling rewrite can read).
@@ -43,10 +44,10 @@ class Runnable:
     def why_not(self, node: LocalNode, state: State, source: str) -> str | None:
         if why_not := unfit(node, state):
             return f"does not fit: {why_not}"
-        if node.id in self.failed:
+        if node.id in self.failed and not node.open_ended:
             why = self.failed[node.id]
             return why if why == EXCLUDED else f"failed earlier in this run ({why})"
-        if (node.id, source) in self.tried:
+        if (node.id, source) in self.tried and not node.open_ended:
             return "already tried on the current code"
         if (node.parent, source) in self.set_aside:
             return "its direction was set aside for the current code (none of it fit)"

@@ -384,16 +384,18 @@ def test_a_timing_no_one_should_act_on_is_measured_once_more(
     assert verdict.speedup == kept
 
 
-def test_when_the_model_sets_every_direction_aside_its_own_strategy_is_offered_once(
+def test_when_the_model_sets_every_direction_aside_its_own_strategy_is_offered_until_it_stops(
     task: Path, tmp_path: Path
 ) -> None:
     """A capable model answered `other_direction` to every direction offered for its
     hand-vectorized InstanceNorm: the run ended `no applicable strategy` with 6 steps
-    left. Its own strategy is offered next, once for that code."""
+    left. Its own strategy is offered next; one that did not win (or failed) is offered
+    again, a new change each time, until the model sets it aside too."""
     from htam_engine.loop import LoopConfig, Optimizer
     from htam_engine.memory import MemoryStore
     from htam_engine.runnable import Runnable
     from htam_engine.task import load_task
+    from htam_engine.vocabulary import Status
 
     loaded = load_task(task)
     source = loaded.impl_source or ""
@@ -408,4 +410,8 @@ def test_when_the_model_sets_every_direction_aside_its_own_strategy_is_offered_o
     assert plan is not None
     assert (plan.decision.global_id, plan.decision.local_id) == ("open_direction", "own_strategy")
     optimizer.runnable.tried.add(("own_strategy", source))
+    optimizer.runnable.failed["own_strategy"] = Status.COMPILE_ERROR
+    again = optimizer.plan(1)
+    assert again is not None and again.decision.local_id == "own_strategy"
+    optimizer.runnable.set_aside.add(("open_direction", source))  # the model's word
     assert optimizer.plan(1) is None

@@ -199,6 +199,9 @@ class LocalNode:
     # generic strategy, e.g. register tiling of the model's own GEMM); else the rewrite's
     # refusal is its test of fit (a fused softmax rewrite says where a softmax is).
     model_writes: bool = False
+    # A new change each time it is chosen (the model's own strategy): neither a try on
+    # the same code nor a failure rules it out; the model ends it by setting it aside.
+    open_ended: bool = False
 
     def fits(self, family: str, tags: set[str]) -> str | None:
         """None when the strategy applies to a kernel of `family` with `tags`, else why not."""
@@ -459,6 +462,7 @@ def load_seed(backend: str) -> Graph:
             forbids=list(lo.get("forbids", [])),
             texts=dict(lo.get("texts", {})),
             model_writes=bool(lo.get("model_writes", False)),
+            open_ended=bool(lo.get("open_ended", False)),
         )
         for lo in data["local"]
     }
