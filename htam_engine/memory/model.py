@@ -239,11 +239,13 @@ class LocalNode:
         found = same or self.evidence_positive
         return found[0] if found else None
 
-    def prompt_text(self, family: str = "") -> str:
+    def prompt_text(self, family: str = "", rewrites: bool = False) -> str:
         """The strategy for a prompt: its edit (for `family`), checks, where it worked
-        (the measured number; the code goes in the generation prompt whole) and failed."""
+        (the measured number; the code goes in the generation prompt whole) and failed.
+        `rewrites`: its mechanical rewrite, not the model, writes the next version (said
+        to a chooser; a code prompt's strategy is always the model's to write)."""
         lines = [
-            f"### {self.name} ({self.id}){' [mechanical]' if self.mechanical else ''}",
+            f"### {self.name} ({self.id}){' [mechanical rewrite]' if rewrites else ''}",
             f"Edit: {self.edit_for(family)}",
             f"Checks: {'; '.join(self.checks)}",
         ]

@@ -16,8 +16,9 @@ from typing import Any
 from htam_engine.decisions import LocalDecision
 from htam_engine.llm import LLMError, Provider, local_selection_prompt
 from htam_engine.llm.structured import choice_schema, parse_choice
-from htam_engine.memory.model import Graph
+from htam_engine.memory.model import Graph, LocalNode
 from htam_engine.policy.local_select import OTHER, STOP, EvidenceLocalSelector
+from htam_engine.runnable import Runnable
 from htam_engine.state import State
 
 
@@ -32,6 +33,11 @@ class ChoiceRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {"form": self.form, "valid": self.valid, "detail": self.detail}
+
+
+def _shown(node: LocalNode, state: State) -> str:
+    """A candidate for the chooser, marked where its rewrite writes the next version."""
+    return node.prompt_text(state.family, rewrites=Runnable.rewrites(node, state.code))
 
 
 class LLMLocalSelector:
@@ -53,7 +59,7 @@ class LLMLocalSelector:
         system, prompt = local_selection_prompt(
             state.describe(),
             graph.globals[global_id].prompt_text(),
-            [(lid, graph.locals[lid].prompt_text(state.family)) for lid in runnable],
+            [(lid, _shown(graph.locals[lid], state)) for lid in runnable],
             may_stop=may_stop,
             facts=state.facts,
             current_code=state.code,
