@@ -1,9 +1,16 @@
 """The judge's warm-up (`Judge._warming`): untimed pairs until neither side faults in
-fresh memory, within a cap of pairs and of time; timing then counts only timed pairs."""
+fresh memory, within a cap of pairs and of time; timing then counts only timed pairs.
+And the harness's part: nothing it holds makes a warm call fault."""
 
 from __future__ import annotations
 
+import io
+import json
 import time
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from htam_engine.evaluate import judging
 from htam_engine.evaluate.judging import Call, Judge
@@ -46,3 +53,34 @@ def test_samples_are_the_timed_calls_only() -> None:
     calls = pairs((0, 0), (0, 0), (0, 0))
     reference, candidate, _ = judging.samples(calls)
     assert len(reference) == len(candidate) == 3
+
+
+def test_a_calls_outputs_are_let_go_before_the_next_forward(tmp_path: Path) -> None:
+    """The harness kept a call's outputs (for its `late` check) through the next call's
+    forward: the reference's fresh 8 MiB output could not reuse its twin's hole, and a
+    third of an L2 norm reference's timed calls faulted in fresh pages (+3 ms of 1 ms)."""
+    torch = pytest.importorskip("torch")
+    from htam_engine.evaluate import common, worker
+    from htam_engine.evaluate.jobspec import WorkerJob
+
+    job = WorkerJob("t", "py", "cpu", None, "cpu", 0, ())
+    (tmp_path / "job.json").write_text(json.dumps(job.to_json()))
+    harness = worker.Harness(tmp_path, "reference", io.StringIO())
+    held: list[int] = []
+
+    def forward(x: Any) -> Any:
+        held.append(len(harness.last))
+        return x * 2
+
+    harness.model = forward
+    x = torch.arange(4, dtype=torch.float32)
+    (inputs, in_size), (out, out_size) = common.layout([x]), common.layout([x * 2])
+    (tmp_path / "in.bin").write_bytes(x.numpy().tobytes().ljust(in_size, b"\0"))
+    (tmp_path / "out.bin").write_bytes(b"\0" * out_size)
+    command = {"inputs": inputs, "in_size": in_size, "out": out, "out_size": out_size}
+    for k in range(3):
+        harness.call({"cmd": "call", "k": k, **command})
+        assert harness.last and torch.equal(harness.last[0], x * 2)  # kept for `late`
+    assert held == [0, 0, 0]
+    stored = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32)
+    assert torch.equal(stored[:4], x * 2)
