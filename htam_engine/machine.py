@@ -202,6 +202,45 @@ def _gpus() -> list[dict[str, str]]:
     ]
 
 
+# The core generation behind a CPU a virtual machine may name only "AMD EPYC": what a
+# kernel writer tunes for (how wide the vector units really are). AMD by family (and
+# AVX-512, which splits family 19h); Intel server cores by family 6 model.
+_AMD_CORES = {
+    0x17: "Zen / Zen 2 (AMD family 17h): two 256-bit FMA pipes (Zen: 128-bit halves)",
+    0x1A: "Zen 5 (AMD family 1Ah): a full 512-bit datapath on server and desktop parts",
+}
+_ZEN3 = "Zen 3 (AMD family 19h): two 256-bit FMA pipes, no AVX-512"
+_ZEN4 = (
+    "Zen 4 (AMD family 19h): 512-bit instructions run as two 256-bit halves, so AVX-512 "
+    "FMAs peak at AVX2's FLOP rate; its 32 vector registers and masks still help"
+)
+_INTEL_CORES = {
+    0x55: "Skylake-SP / Cascade Lake (Intel): one or two 512-bit FMA units by SKU",
+    0x6A: "Ice Lake-SP (Intel): two 512-bit FMA units",
+    0x6C: "Ice Lake-SP (Intel): two 512-bit FMA units",
+    0x8F: "Sapphire Rapids (Intel): two 512-bit FMA units, AMX",
+    0xCF: "Emerald Rapids (Intel): two 512-bit FMA units, AMX",
+    0xAD: "Granite Rapids (Intel): two 512-bit FMA units, AMX",
+    0xAE: "Granite Rapids (Intel): two 512-bit FMA units, AMX",
+}
+
+
+def core_generation(info: dict[str, str], flags: set[str]) -> str:
+    """The core generation from /proc/cpuinfo's vendor, family and model ("" unknown)."""
+    try:
+        family, model = int(info.get("cpu family", "")), int(info.get("model", ""))
+    except ValueError:
+        return ""
+    vendor = info.get("vendor_id", "")
+    if vendor == "AuthenticAMD" and family == 0x19:
+        return _ZEN4 if "avx512f" in flags else _ZEN3
+    if vendor == "AuthenticAMD":
+        return _AMD_CORES.get(family, "")
+    if vendor == "GenuineIntel" and family == 6:
+        return _INTEL_CORES.get(model, "")
+    return ""
+
+
 @dataclass(frozen=True)
 class MachineFacts:
     cpu: str
@@ -209,6 +248,7 @@ class MachineFacts:
     cores: int  # cores this process may run on
     caches: list[str]
     gpus: list[dict[str, str]]  # GPU_QUERY's keys: name, SM, memory (MiB), clocks (MHz)
+    core: str = ""  # `core_generation`: "" where not known
 
 
 @cache
@@ -224,4 +264,5 @@ def cpu_facts() -> MachineFacts:
         cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0,
         caches=_caches(),
         gpus=_gpus(),
+        core=core_generation(info, flags),
     )

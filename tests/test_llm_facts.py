@@ -33,6 +33,22 @@ def test_the_machine_is_read_from_this_host() -> None:
         assert any(c.startswith("L1d ") for c in found.caches)
 
 
+def test_the_core_generation_says_how_wide_the_vector_units_really_are() -> None:
+    """A virtual machine names its CPU "AMD EPYC": both answerers asked whether AVX-512
+    is double-pumped here."""
+    amd = {"vendor_id": "AuthenticAMD", "cpu family": "25", "model": "17"}
+    assert machine.core_generation(amd, {"avx512f"}).startswith("Zen 4")
+    assert "two 256-bit halves" in machine.core_generation(amd, {"avx512f"})
+    assert machine.core_generation(amd, {"avx2"}).startswith("Zen 3")
+    intel = {"vendor_id": "GenuineIntel", "cpu family": "6", "model": "143"}
+    assert machine.core_generation(intel, set()).startswith("Sapphire Rapids")
+    assert machine.core_generation({**intel, "model": "151"}, set()) == ""  # not a server core
+    assert machine.core_generation({}, set()) == ""
+    found = machine.cpu_facts()
+    text = facts.machine_text("cpu", 1)
+    assert (f"Core: {found.core}" in text) == bool(found.core)
+
+
 def test_the_facts_block_states_what_an_engineer_asks_first() -> None:
     text = facts.facts_block(backend="cpu", threads=1, reference=LINEAR,
                              start=verdict(4.0), best=verdict(2.0), best_step=2)  # fmt: skip

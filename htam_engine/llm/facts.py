@@ -63,6 +63,7 @@ def machine_text(backend: str, threads: int) -> str:
         f"caches: {', '.join(facts.caches) or 'unknown'}",
         f"ISA: {', '.join(facts.isa) or 'baseline x86-64'}"
         + ("" if avx512 else " (no AVX-512: do not use it)"),
+        *([f"Core: {facts.core}"] if facts.core else []),
     ]
     for gpu in facts.gpus:
         lines.append(
