@@ -572,6 +572,8 @@ def describe(roofline: Placement | Unplaced | None, short: bool = False) -> str:
         )
     else:
         text += f" ({got:.3g} of {limit:.3g} {unit})"
+    if over_told(roofline):
+        text += " - the harness's share was told too high on a busy machine"
     return text + (" - faster than light" if roofline.faster_than_light else "")
 
 
@@ -589,11 +591,19 @@ def _held_to(roofline: Placement) -> tuple[str, float, float, str]:
 
 def tags(roofline: Placement | Unplaced | None) -> list[str]:
     """State tags: `memory_bound` / `compute_bound` (special functions are arithmetic too),
-    and `near_limit` at 90 % or more."""
+    and `near_limit` at 90 % or more, unless the harness's share was told too high."""
     if not isinstance(roofline, Placement):
         return []
     found = ["memory_bound" if roofline.bound == "memory" else "compute_bound"]
-    return found + (["near_limit"] if roofline.fraction >= NEAR_LIMIT else [])
+    near = roofline.fraction >= NEAR_LIMIT and not over_told(roofline)
+    return found + (["near_limit"] if near else [])
+
+
+def over_told(roofline: Placement) -> bool:
+    """Past the limit only with the harness's share counted: that share was told too
+    high (neighbours' time the books missed), and the fraction says nothing of the limit
+    (a GEMM at "122 % of FP32 peak" was stopped "at the limit")."""
+    return bool(roofline.harness_ms) and roofline.fraction > FASTER_THAN_LIGHT
 
 
 # ---------------------------------------------------------------- `htam machine`

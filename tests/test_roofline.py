@@ -116,6 +116,10 @@ def test_the_harness_s_share_of_every_call_is_part_of_the_fastest_call() -> None
     assert near is not None and "near_limit" in roofline.tags(near)
     light = roofline.place(work, bound, runtime_ms=0.95 * best, harness_ms=best)
     assert light is not None and not light.faster_than_light  # the share is no light
+    assert "near_limit" not in roofline.tags(light)  # the share was told too high
+    assert "the harness's share was told too high" in roofline.describe(light)
+    at = roofline.place(work, bound, runtime_ms=1.02 * best, harness_ms=0.1 * best)
+    assert at is not None and "near_limit" in roofline.tags(at)  # 108 %: within noise
     assert Placement.from_json(placed.to_json()) == placed
 
 
