@@ -267,8 +267,10 @@ def _measured(verdict: Verdict) -> str:
 def times_text(
     start: Verdict | None, best: Verdict | None, best_step: int, shown: int | None = None
 ) -> str:
-    """The reference's, the start's and the best's times, each with its interval, and
-    the harness's own share of every timed call; `shown`, the step whose code the prompt
+    """The reference's, the start's and the best's times, each with its interval and the
+    reference's time in its own pairs (the best's 2.36 ms beside the start's PyTorch
+    3.44 ms read as 1.46x where its pairs said 1.07x), and the harness's own share of
+    every timed call in the newest timing; `shown`, the step whose code the prompt
     shows where that is not the best's (a tie the next step builds on)."""
     if start is None or start.ref_runtime_ms is None:
         return "Times: not measured yet."
@@ -279,8 +281,8 @@ def times_text(
     if best is not None and best_step:
         where = "" if shown is not None else ", the code shown below"
         lines.append(
-            f"Best kept (step {best_step}{where}): {_ms(best.runtime_ms)} "
-            f"({_measured(best)})" + _light(best)
+            f"Best kept (step {best_step}{where}): {_ms(best.runtime_ms)} against PyTorch's "
+            f"{_ms(best.ref_runtime_ms)} in the same pairs ({_measured(best)})" + _light(best)
         )
     elif shown is None:
         lines.append("The code shown below is the starting implementation (nothing beat it yet).")
@@ -289,11 +291,13 @@ def times_text(
             f"The code shown below is step {shown}'s: not kept (not clearly faster than the "
             "best), but the memory expects the next change to pay off from it."
         )
-    if harness := start.spread.get("harness_ms"):
+    newest = best if best is not None and best_step else start
+    if harness := newest.spread.get("harness_ms"):
         lines.append(
-            f"Every timed call, on both sides, includes the harness's own {harness:.2g} ms "
-            "(staging the inputs, copying the outputs out): a kernel faster than that gains "
-            "less than its own time suggests."
+            f"Every timed call, on both sides, includes the harness's own work ({harness:.2g} "
+            "ms in the newest timing: staging the inputs, copying the outputs out): a kernel "
+            "faster than that gains less than its own time suggests. Times differ between "
+            "timings as the machine's load does: compare within a line, not across lines."
         )
     return "\n".join(lines)
 
