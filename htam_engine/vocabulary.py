@@ -218,6 +218,10 @@ FEATURE_TAGS: dict[Backend, frozenset[str]] = {
             "vector_types",
             "prefetch",
             "fast_math",
+            "loop_division",
+            "loop_branch",
+            "loop_math",
+            "hand_vectorized",
         }
     ),  # fmt: skip
     "triton": frozenset(

@@ -101,3 +101,24 @@ def test_the_models_own_code_is_shown_whole_when_it_chooses_next(cassette: Path)
             for prompt in (choice, generation):
                 assert "omitted to fit the prompt budget" not in prompt
                 assert middle in prompt
+
+
+@pytest.mark.parametrize("cassette", CASSETTES, ids=lambda c: c.stem)
+def test_no_strategy_that_is_a_no_op_on_the_models_intrinsics_is_offered(cassette: Path) -> None:
+    """Both answerers were offered division, branch and fast-math strategies for their
+    hand-vectorized kernels with no division, branch or libm call in a hot loop."""
+    from htam_engine import parsing
+    from htam_engine.memory import load_seed
+
+    graph = load_seed("cpu")
+    for call in calls(cassette):
+        if call["purpose"] not in CODE:
+            continue
+        code = extract_candidate(call["text"], "python", truncated=call["truncated"]).code
+        tags = parsing.features(code or "", "cpu") | {"opt_O3"}
+        for strategy, needed in (("avoid_division", "loop_division"),
+                                 ("branchless", "loop_branch")):  # fmt: skip
+            fits = graph.locals[strategy].fits("reduction", tags) is None
+            assert fits == (needed in tags), (strategy, sorted(tags))
+        if "hand_vectorized" in tags:
+            assert graph.locals["fast_math_flags"].fits("reduction", tags) is not None

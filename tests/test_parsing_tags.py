@@ -78,6 +78,34 @@ def test_restrict_blocked_loops_and_fast_math() -> None:
     assert "fast_math" not in cpu(LOOP % AXPY)
 
 
+@pytest.mark.parametrize(
+    ("body", "found"),
+    [
+        ("for (long i = 0; i < n; ++i) y[i] = x[i] / 3.0f;", {"loop_division"}),
+        ("for (long i = 0; i < n; ++i) y[i] /= x[i];", {"loop_division"}),
+        ("for (long i = 0; i < n; i += 8) _mm256_storeu_ps(y + i, "
+         "_mm256_div_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(3.f)));",
+         {"loop_division", "hand_vectorized"}),
+        ("for (long i = 0; i < n; ++i) if (x[i] > 0) y[i] = x[i];", {"loop_branch"}),
+        ("for (long i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.f;", {"loop_branch"}),
+        ("for (long i = 0; i < n; ++i) y[i] = expf(x[i]);", {"loop_math"}),
+        ("for (long i = 0; i < n; ++i) y[i] = std::tanh(x[i]);", {"loop_math"}),
+        # outside the hot loop: a row's one reciprocal or sqrt is no target
+        ("float inv = 1.0f / sqrtf(x[0]);\nfor (long i = 0; i < n; ++i) y[i] = x[i] * inv;",
+         set()),
+        ("for (long r = 0; r < n; ++r) { float inv = 1.0f / x[r];\n"
+         "  for (long i = 0; i < n; ++i) y[i] = x[i] * inv; }", set()),
+        ("for (long i = 0; i < n; i += 8) _mm256_storeu_ps(y + i, _mm256_loadu_ps(x + i));",
+         {"hand_vectorized"}),
+    ],
+)  # fmt: skip
+def test_what_a_strategy_needs_in_the_hot_loop_comes_from_code(body: str, found: set[str]) -> None:
+    """A capable model was offered division, branch and fast-math strategies for its
+    intrinsics kernels with none of them, over and over."""
+    work = {"loop_division", "loop_branch", "loop_math", "hand_vectorized"}
+    assert cpu(LOOP % body) & work == found
+
+
 CUDA = """
 __global__ void k(const float* __restrict__ x, float* y, int n) {
     %s

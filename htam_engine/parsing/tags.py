@@ -51,6 +51,30 @@ def _loop_tags(roots: list[Node], known: dict[str, str]) -> set[str]:
     return tags
 
 
+def _work_tags(roots: list[Node], found: _Tokens) -> set[str]:
+    """What some strategies need to be anything but no-ops, in an innermost loop (the hot
+    one; a row's one reciprocal or sqrt outside it is no target): a division, a branch, a
+    libm call; `hand_vectorized`: intrinsics and no libm call in a hot loop (a capable
+    model was offered division, branch and fast-math strategies for intrinsics kernels
+    with none of them, over and over)."""
+    hot = [n for root in roots for loop in loops(root) if len(loops(loop)) == 1 for n in walk(loop)]
+    calls = [_called(n) for n in hot if n.type == "call_expression"]
+    tags = set()
+    if any(text(n.child_by_field_name("operator")) in ("/", "/=") for n in hot) or any(
+        re.match(VECTOR_DIVISION, name) for name in calls
+    ):
+        tags.add("loop_division")
+    if any(n.type in ("if_statement", "conditional_expression") for n in hot):
+        tags.add("loop_branch")
+    math = any(re.match(MATH_CALLS, name) for name in calls)
+    tags |= {"loop_math"} if math else set()
+    return tags | ({"hand_vectorized"} if found.called(INTRINSIC_CALLS) and not math else set())
+
+
+def _called(call: Node) -> str:
+    return text(call.child_by_field_name("function")).rsplit("::", 1)[-1]
+
+
 def _restrict_tag(fns: list[Node]) -> set[str]:
     facts = [function_facts(fn) for fn in fns]
     if not any(f.pointers for f in facts):
@@ -93,7 +117,7 @@ def _tokens(roots: list[Node]) -> _Tokens:
         if node.type == "preproc_call" and text(node.child_by_field_name("directive")) == "#pragma":
             found.pragmas.append(" ".join(text(node.child_by_field_name("argument")).split()))
         elif node.type == "call_expression":
-            found.calls.add(text(node.child_by_field_name("function")).rsplit("::", 1)[-1])
+            found.calls.add(_called(node))
         elif node.type in ("type_identifier", "type_qualifier", "primitive_type"):
             found.types.add(text(node))
         elif node.type == "namespace_identifier":
@@ -108,6 +132,11 @@ HALF_TYPES = {"half", "half2", "__half", "__half2", "__nv_bfloat16", "__nv_bfloa
 WARP_CALLS = r"__(shfl\w*|ballot_sync|any_sync|all_sync|reduce_\w+_sync|match_\w+_sync|activemask)$"
 X86_VECTORS = r"__m(64|128|256|512)[di]?(h)?$"
 INTRINSIC_CALLS = r"(_mm(256|512)?_\w+|__builtin_ia32_\w+|v\w+q_[fsu]\d+)$"
+MATH_CALLS = (
+    r"(exp|exp2|expm1|log|log2|log10|log1p|sqrt|cbrt|pow|tanh|erf|erfc|sin|cos|tan|"
+    r"sinh|cosh|atan|atan2|asin|acos|hypot|fmod)f?$"
+)
+VECTOR_DIVISION = r"_mm(256|512)?_div_p[sd]$"
 
 
 def _cuda_tags(texts: list[str], flags: list[str] | None) -> set[str]:
@@ -167,7 +196,7 @@ def _cpu_tags(texts: list[str], flags: list[str] | None) -> set[str]:
         tags.add("no_simd")
     if found.called(r"(__builtin_prefetch|_mm_prefetch)$"):
         tags.add("prefetch")
-    tags |= _restrict_tag(fns) | _loop_tags(fns, known)
+    tags |= _restrict_tag(fns) | _loop_tags(fns, known) | _work_tags(fns, found)
     if any(is_blocked(loop) for fn in fns for loop in loops(fn)):
         tags.add("blocked_loops")
     if flags is not None:
