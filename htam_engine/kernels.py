@@ -14,7 +14,9 @@ never compiles twice there.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -24,6 +26,7 @@ from pathlib import Path
 from htam_engine.digest import digest
 
 DEFAULT_CFLAGS = ("-O2",)
+LIBRARY_FLAGS = ("-shared", "-fPIC", "-std=c++17")  # after the caller's flags
 VECTOR_REPORT = ".vec.txt"  # beside a library: what GCC's vectorizer did with its loops
 REPORT_LINES = 12
 _REMARK = re.compile(r"kernel\.cpp:(\d+):\d+: (?:optimized|missed): +(.*)")
@@ -58,10 +61,24 @@ def _build_root() -> Path:
     return root
 
 
+@functools.cache
+def toolchain() -> str:
+    """ "g++ 12.2.0, glibc 2.36": what builds and links a candidate here ("" unknown)."""
+    compiler = os.environ.get("CXX", "g++")
+    try:
+        done = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True,
+                              timeout=10)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    libc, version = platform.libc_ver()
+    found = [f"{Path(compiler).name} {done.stdout.strip()}" if done.returncode == 0 else ""]
+    return ", ".join(part for part in [*found, f"{libc} {version}" if libc else ""] if part)
+
+
 def build_cpp(source: str, extra_cflags: list[str] | tuple[str, ...] = DEFAULT_CFLAGS) -> Path:
     """Compile `source` into a shared library (cached by content hash) and return its path."""
     compiler = os.environ.get("CXX", "g++")
-    flags = [*extra_cflags, "-shared", "-fPIC", "-std=c++17"]
+    flags = [*extra_cflags, *LIBRARY_FLAGS]
     key = digest({"compiler": compiler, "flags": flags, "source": source})[:24]  # injective
     library = _build_root() / f"htam_{key}.so"
     if library.exists():

@@ -68,6 +68,8 @@ def test_the_facts_block_states_what_an_engineer_asks_first() -> None:
     )
     assert "relative L2 error at most 0.0001 (float32)" in text and "16x the PyTorch" in text
     assert "may be done once in __init__" in text
+    assert "-shared -fPIC -std=c++17" in text and "caches by source and flags" in text
+    assert "outputs are copied out right after, inside the timed call" in text
     assert count_tokens(text) <= BUDGET["facts"]
 
 

@@ -17,7 +17,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from htam_engine import machine, roofline
+from htam_engine import kernels, machine, roofline
 from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.events import Step
 from htam_engine.formatting import format_bounded, format_speedup
@@ -54,6 +54,14 @@ SYNC = (
     "call."
 )
 
+# What a timed call holds around the kernel (both answerers asked, to weigh streaming
+# stores and the output's allocation).
+CALL = (
+    "Each call's inputs are fresh, written just before it (inputs that fit may start in "
+    "the last-level cache); its outputs are copied out right after, inside the timed call; "
+    "a fresh output tensor reuses freed memory after warm-up (no page faults)."
+)
+
 
 def machine_text(backend: str, threads: int) -> str:
     facts = machine.cpu_facts()
@@ -71,15 +79,28 @@ def machine_text(backend: str, threads: int) -> str:
             f"{gpu.get('memory.total')} MiB, max clocks {gpu.get('clocks.max.sm')} MHz SM / "
             f"{gpu.get('clocks.max.memory')} MHz memory"
         )
+    if backend == "cpu":
+        lines.append(_build_text())
     if backend == "cpu" or not facts.gpus:
         lines.append(
             f"Timing: the reference and your kernel each run on {threads} thread(s) "
             "(OMP_NUM_THREADS is set so); OpenMP or other threads buy nothing here: "
-            "speed comes from SIMD, caches and less work."
+            "speed comes from SIMD, caches and less work. " + CALL
             if threads == 1
-            else f"Timing: both sides run on {threads} threads."
+            else f"Timing: both sides run on {threads} threads. " + CALL
         )
     return "\n".join(lines)
+
+
+def _build_text() -> str:
+    """How `load_cpp` builds (both answerers asked for its flags and caching)."""
+    tools = kernels.toolchain()
+    return (
+        "Build: `load_cpp(name, source, extra_cflags)` runs the compiler with your "
+        f"extra_cflags (default {list(kernels.DEFAULT_CFLAGS)}, which they replace), then "
+        f"{' '.join(kernels.LIBRARY_FLAGS)}; it caches by source and flags (the name is for "
+        "messages only) and returns a ctypes.CDLL" + (f"; {tools}" if tools else "") + "."
+    )
 
 
 # --- the task, read statically ----------------------------------------------------------

@@ -14,7 +14,7 @@ from htam_engine.llm.tokens import count_tokens, truncate_tokens
 
 LANGUAGES = {"python": "python", "cuda": "cuda", "cpp": "cpp"}
 
-# Tokens per section (cl100k). The sum bounds a generation prompt to about 16k tokens, a
+# Tokens per section (cl100k). The sum bounds a generation prompt to about 17k tokens, a
 # choice prompt to about 9k. The code (in both) and the facts are sized so that a
 # capable model's own register-tiled GEMM (up to 5k tokens in the recorded runs) and a
 # full facts block (times, the harness's share, the vectorizer report at its cap) are
@@ -30,7 +30,7 @@ BUDGET = {
     "global": 700,
     "candidate": 250,
     "failure": 1200,
-    "facts": 1600,
+    "facts": 1900,
     "attempts": 700,
     "excerpt": 6000,  # the current code in a choice prompt
     "failed": 800,  # the last failed attempt's code in a code prompt
