@@ -138,3 +138,14 @@ def test_streaming_stores_fit_a_memory_bound_kernel_not_a_compute_bound_gemm() -
     assert node.fits(norm.family, norm.tags()) == "needs memory_bound"
     assert node.fits(gemm.family, gemm.tags() | {"compute_bound"}) is not None
     assert node.mechanical is None  # a model's to write
+
+
+def test_a_blocked_gemm_is_offered_tuning_not_blocking_again() -> None:
+    """Once a model's GEMM was blocked and register-tiled, its answerer had nothing to
+    choose but "other_direction" or "stop": tuning the blocks is a strategy of its own."""
+    graph = load_seed("cpu")
+    gemm = example_state("matmul")
+    tiled = gemm.tags() | {"blocked_loops", "intrinsics"}
+    assert graph.locals["gemm_block_tuning"].fits(gemm.family, tiled) is None
+    assert graph.locals["gemm_block_tuning"].fits(gemm.family, gemm.tags()) is not None
+    assert graph.locals["register_tiling_cpu"].fits(gemm.family, tiled) is not None
