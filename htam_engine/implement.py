@@ -95,10 +95,11 @@ def facts(
     best_step: int,
     shapes: Sequence[str] = (),
     shown: int | None = None,
+    code: Verdict | None = None,
 ) -> str:
     """The facts every prompt of `task` carries: machine, checks, shapes (`shapes`: the
     judge's sizing of its inputs, where known) and times (`shown`: the step whose code the
-    prompt shows, where not the best's)."""
+    prompt shows, where not the best's; `code`: that code's verdict)."""
     return llm_facts.facts_block(
         backend=task.backend,
         threads=timing_threads(),
@@ -109,6 +110,7 @@ def facts(
         best_step=best_step,
         shapes=shapes,
         shown=shown,
+        code=code,
     )
 
 

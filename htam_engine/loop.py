@@ -304,8 +304,8 @@ class Optimizer:
         state = self._state(current)
         applicable = self.runnable.of(graph, state, current.source)
         usable = restrict(graph, applicable)
-        if not usable.globals and self.runnable.sets_aside(current.source):
-            state.features.add(OFFERS_USED_UP)  # the model's own strategy, until it sets it aside
+        if not usable.globals:  # used up or set aside: the model's own strategy, if any
+            state.features.add(OFFERS_USED_UP)
             applicable = self.runnable.of(graph, state, current.source)
             usable = restrict(graph, applicable)
         if not usable.globals:
@@ -502,7 +502,8 @@ class Optimizer:
         if self.shapes is None:  # the judge's sizing, kept by content: asked once a run
             self.shapes = sizes.estimate(self.task, self.config.device).shapes
         shown = _tie_shown(current, self.referee.best)
-        return implement.facts(self.task, *self._incumbents(), shapes=self.shapes, shown=shown)
+        return implement.facts(self.task, *self._incumbents(), shapes=self.shapes, shown=shown,
+                               code=current.verdict if current else None)  # fmt: skip
 
     def _times(self, current: Version) -> str:
         return llm_facts.times_text(*self._incumbents(), _tie_shown(current, self.referee.best))

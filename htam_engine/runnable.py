@@ -62,10 +62,6 @@ class Runnable:
             return refused or f"needs an LLM (it failed {LLM_FAILURES} times in a row)"
         return None
 
-    def sets_aside(self, source: str) -> bool:
-        """Whether a direction was set aside for `source` (by the model: none of it fit)."""
-        return any(code == source for _, code in self.set_aside)
-
     @staticmethod
     def rewrites(node: LocalNode, source: str) -> bool:
         """Whether `node`'s mechanical rewrite writes the next version of `source`."""

@@ -259,8 +259,9 @@ FEATURE_TAGS: dict[Backend, frozenset[str]] = {
 TIMING_TAGS = frozenset({"single_thread_timing", "multi_thread_timing"})
 # Where the current code sits on the machine's roofline (`roofline.tags`).
 ROOFLINE_TAGS = frozenset({"memory_bound", "compute_bound", "near_limit"})
-# The model set aside every direction offered for the current code (none of it fit): its
-# own strategy is offered next (`Optimizer.plan`), instead of the run ending unasked.
+# Nothing offered fits the current code any more (tried, failed, or set aside by the
+# model): its own strategy is offered next (`Optimizer.plan`), instead of the run ending
+# with steps left (a flat run ended so after 2 of 6 steps).
 OFFERS_USED_UP = "offers_used_up"
 
 

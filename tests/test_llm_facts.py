@@ -236,3 +236,18 @@ def test_negative_init_arguments_are_read_not_left_unknown() -> None:
         "def get_init_inputs():\n    return [lo, hi, scale, -lo]\n"
     )
     assert "Init arguments: [-2, 2, -0.5, 2]" in facts.task_text(reference)
+
+
+def test_the_vectorizer_report_is_the_shown_codes() -> None:
+    """A prompt showing a tie's code gave the best's vectorizer report (its line numbers
+    from another version)."""
+    from dataclasses import replace
+
+    best = replace(verdict(2.0), vectorizer="line 3 `for (i...)`: loop vectorized (BEST)")
+    tie = replace(verdict(2.1), vectorizer="line 9 `for (k...)`: not vectorized (TIE)")
+    text = facts.facts_block(backend="cpu", threads=1, reference=LINEAR, start=verdict(4.0),
+                             best=best, best_step=2, shown=3, code=tie)  # fmt: skip
+    assert "(TIE)" in text and "(BEST)" not in text
+    alone = facts.facts_block(backend="cpu", threads=1, reference=LINEAR, start=verdict(4.0),
+                              best=best, best_step=2)  # fmt: skip
+    assert "(BEST)" in alone

@@ -415,3 +415,12 @@ def test_when_the_model_sets_every_direction_aside_its_own_strategy_is_offered_u
     assert again is not None and again.decision.local_id == "own_strategy"
     optimizer.runnable.set_aside.add(("open_direction", source))  # the model's word
     assert optimizer.plan(1) is None
+    # nothing set aside, every named strategy tried (a flat run, whose model is never
+    # asked to choose, ended so after 2 of 6 steps): its own strategy all the same
+    optimizer.runnable.set_aside.clear()
+    optimizer.runnable.tried |= {(lid, source) for lid in store.graph("cpu").locals}
+    plan = optimizer.plan(1)
+    assert plan is not None and plan.decision.local_id == "own_strategy"
+    optimizer.runnable = Runnable(llm=False)  # offline: no model to write it
+    optimizer.runnable.tried |= {(lid, source) for lid in store.graph("cpu").locals}
+    assert optimizer.plan(1) is None

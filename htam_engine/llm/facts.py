@@ -386,8 +386,11 @@ def facts_block(
     best_step: int = 0,
     shapes: Sequence[str] = (),
     shown: int | None = None,
+    code: Verdict | None = None,
 ) -> str:
-    """Machine, timing, correctness, task and times: the generation prompt's facts."""
+    """Machine, timing, correctness, task and times: the generation prompt's facts;
+    `code`, the verdict of the code the prompt shows (its vectorizer report: the best's
+    or the start's where not given)."""
     checks = CHECKS.format(
         sets=Limits().input_sets,
         tolerances=_tolerances(),
@@ -397,7 +400,7 @@ def facts_block(
     )
     parts = [machine_text(backend, threads), checks, task_text(reference, shapes), SYNC]
     parts.append(times_text(start, best, best_step, shown))
-    parts.append(vectorizer_text(best if best is not None and best_step else start))
+    parts.append(vectorizer_text(code or (best if best is not None and best_step else start)))
     return "\n".join(p for p in parts if p)
 
 
