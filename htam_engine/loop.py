@@ -53,7 +53,7 @@ from htam_engine.state import State
 from htam_engine.strategies.plateau import plateau_base
 from htam_engine.task import Task
 from htam_engine.triton_backend import CORRECTNESS_ONLY
-from htam_engine.vocabulary import NOTHING_APPLIES, OFFERS_USED_UP, Status
+from htam_engine.vocabulary import BEHIND_REFERENCE, NOTHING_APPLIES, OFFERS_USED_UP, Status
 
 Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
@@ -448,6 +448,8 @@ class Optimizer:
         verdict = current.verdict or Verdict()
         light = roofline.tags(verdict.roofline)  # memory_bound, near_limit
         features = parsing.features(current.source, self.task.backend) | set(light)
+        if verdict.interval and verdict.interval.high < 1.0:  # PyTorch, confirmed faster
+            features.add(BEHIND_REFERENCE)
         if "loop vectorized" in verdict.vectorizer:  # GCC did, though no SIMD is written
             features.discard("no_simd")
         state = self.episode.state(
@@ -557,10 +559,11 @@ def _tie_shown(current: Version | None, best: Version) -> int | None:
 
 
 def _stopped_by(verdict: Verdict) -> str:
-    """Why a verdict stops the run: its kind, and for a failing reference what failed."""
+    """Why a verdict stops the run: its kind, and for a failing reference or judge what
+    failed (a run ended "evaluator_error" and nothing said why)."""
     assert verdict.error is not None
-    if verdict.error.kind == ErrorKind.REFERENCE_ERROR:
-        return f"{ErrorKind.REFERENCE_ERROR.value}: {verdict.error.message}"
+    if verdict.error.kind in (ErrorKind.REFERENCE_ERROR, ErrorKind.EVALUATOR_ERROR):
+        return f"{verdict.error.kind.value}: {verdict.error.message}"
     return verdict.error.kind.value
 
 

@@ -263,12 +263,16 @@ ROOFLINE_TAGS = frozenset({"memory_bound", "compute_bound", "near_limit"})
 # model): its own strategy is offered next (`Optimizer.plan`), instead of the run ending
 # with steps left (a flat run ended so after 2 of 6 steps).
 OFFERS_USED_UP = "offers_used_up"
+# The code shown is confirmed slower than PyTorch on this machine (its interval wholly
+# below 1): PyTorch's time proves it is not at its limit, so a chooser is not offered
+# `stop` (a model stopped an L2 norm at 0.87x PyTorch, "already at its limit").
+BEHIND_REFERENCE = "behind_reference"
 
 
 def state_tags(backend: Backend) -> frozenset[str]:
     """Every tag a state of `backend` can carry: what a seed trigger may name."""
     tags = FEATURE_TAGS[backend] | FEEDBACK_TAGS | set(FAMILIES) | TIMING_TAGS | ROOFLINE_TAGS
-    return tags | {backend, OFFERS_USED_UP}
+    return tags | {backend, OFFERS_USED_UP, BEHIND_REFERENCE}
 
 
 # atol = rtol by output dtype, KernelBench's `get_tolerance_for_precision`

@@ -424,3 +424,30 @@ def test_when_the_model_sets_every_direction_aside_its_own_strategy_is_offered_u
     optimizer.runnable = Runnable(llm=False)  # offline: no model to write it
     optimizer.runnable.tried |= {(lid, source) for lid in store.graph("cpu").locals}
     assert optimizer.plan(1) is None
+
+
+def test_code_slower_than_pytorch_is_marked_behind_and_a_failing_judge_says_why(
+    task: Path, tmp_path: Path
+) -> None:
+    """`behind_reference` withholds `stop` from a chooser (test_policy_stop); a run once
+    ended "evaluator_error" and nothing said why."""
+    from htam_engine.evaluate import EvalError
+    from htam_engine.loop import LoopConfig, Optimizer, _stopped_by
+    from htam_engine.memory import MemoryStore
+    from htam_engine.referee import Version
+    from htam_engine.stats import Interval
+    from htam_engine.task import load_task
+    from htam_engine.vocabulary import BEHIND_REFERENCE, ErrorKind
+
+    loaded = load_task(task)
+    optimizer = Optimizer(loaded, loaded.impl_source or "", provider=None,
+                          store=MemoryStore(tmp_path / "home"),
+                          config=LoopConfig(steps=1, device="cpu"))  # fmt: skip
+    source = loaded.impl_source or ""
+    slower = Version(source, 0, Verdict(correct=True, interval=Interval(0.87, 0.8, 0.96, 9)))
+    unsure = Version(source, 0, Verdict(correct=True, interval=Interval(0.95, 0.8, 1.1, 9)))
+    assert BEHIND_REFERENCE in optimizer._state(slower).features
+    assert BEHIND_REFERENCE not in optimizer._state(unsure).features
+
+    failed = Verdict(error=EvalError(ErrorKind.EVALUATOR_ERROR, "the judge failed during time"))
+    assert _stopped_by(failed) == "evaluator_error: the judge failed during time"

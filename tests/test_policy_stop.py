@@ -78,6 +78,22 @@ def test_stop_is_not_offered_before_the_first_step(server: ScriptedAPIServer) ->
     assert STOP not in enum["properties"]["local"]["enum"]
 
 
+def test_stop_is_not_offered_while_pytorch_is_confirmed_faster(server: ScriptedAPIServer) -> None:
+    """A capable model stopped an L2 norm at 0.87x PyTorch, "already at its limit":
+    PyTorch's own time says it is not."""
+    from htam_engine.vocabulary import BEHIND_REFERENCE
+
+    server.script(Reply(text='{"local": "stop", "reason": "at its limit"}'))
+    selector = LLMLocalSelector(sdk_provider("openai", server))
+    behind = state([PathEntry("vectorization", "omp_simd", "not_improved")])
+    behind.features.add(BEHIND_REFERENCE)
+    decision = selector.choose(load_seed("cpu"), "vectorization", behind, {})
+    assert decision.local_id != STOP and "evidence ranking used" in decision.reason
+    sent = server.requests[0].body
+    enum = sent["response_format"]["json_schema"]["schema"]["properties"]["local"]["enum"]
+    assert STOP not in enum and "PyTorch is confirmed faster" in sent["messages"][1]["content"]
+
+
 def run(steps: int, speedup: float, status: str) -> tuple[bool, State]:
     """`steps` steps with the same outcome learned; whether the memory then says converged."""
     graph, path, rng = load_seed("cpu"), [], random.Random(0)

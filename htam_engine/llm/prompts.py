@@ -75,6 +75,10 @@ STOP_NOTE = (
     'code, or the kernel is already near its limits), answer "stop" as "local": the run '
     "keeps the best implementation so far and ends, with your reason."
 )
+BEHIND_NOTE = (
+    '"stop" is not offered: PyTorch is confirmed faster than this code on this machine, '
+    "so it is not at its limit; choose the candidate most likely to close the gap."
+)
 OTHER_NOTE = (
     "If none of these candidates fits the current code (each would be a no-op on it, or "
     'the wrong kind of change) but another direction might, answer "other_direction" as '
@@ -237,6 +241,7 @@ def local_selection_prompt(
     candidates: Sequence[tuple[str, str]],
     *,
     may_stop: bool = False,
+    behind: bool = False,
     facts: str = "",
     current_code: str = "",
 ) -> tuple[str, str]:
@@ -278,6 +283,7 @@ def local_selection_prompt(
             + (", stop" if may_stop else ""),
             OTHER_NOTE,
             *([STOP_NOTE] if may_stop else []),
+            *([BEHIND_NOTE] if behind else []),
             'Answer with one JSON object: {"local": one of the valid ids, "reason": one line}',
         ]
     )

@@ -20,6 +20,7 @@ from htam_engine.memory.model import Graph, LocalNode
 from htam_engine.policy.local_select import OTHER, STOP, EvidenceLocalSelector
 from htam_engine.runnable import Runnable
 from htam_engine.state import State
+from htam_engine.vocabulary import BEHIND_REFERENCE
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,14 @@ class LLMLocalSelector:
     ) -> LocalDecision:
         ranked = self.fallback.choose(graph, global_id, state, applicable)
         runnable = [lid for lid, score, _ in ranked.ranking if score != -math.inf]
-        may_stop = bool(state.path)  # once there is a result to keep
+        # once there is a result to keep, and not while PyTorch is confirmed faster
+        may_stop = bool(state.path) and BEHIND_REFERENCE not in state.features
         system, prompt = local_selection_prompt(
             state.describe(),
             graph.globals[global_id].prompt_text(),
             [(lid, _shown(graph.locals[lid], state)) for lid in runnable],
             may_stop=may_stop,
+            behind=BEHIND_REFERENCE in state.features,
             facts=state.facts,
             current_code=state.code,
         )
