@@ -20,6 +20,7 @@ from helpers.lsp import (
     open_file,
     server_config,
 )
+from helpers.scripted_engine import hover_markdown, offered_actions
 from lsprotocol import types as t
 from pytest_lsp import LanguageClient, client_capabilities
 
@@ -81,23 +82,6 @@ def record_steps(uri: str, text: str, steps: list[events.Step]) -> None:
         store.add(uri, step, sg.anchor(text, step.source, [])).result()
 
 
-async def _actions(client: LanguageClient, uri: str, where: t.Position) -> list[t.CodeAction]:
-    found = await client.text_document_code_action_async(
-        t.CodeActionParams(
-            t.TextDocumentIdentifier(uri), t.Range(where, where), t.CodeActionContext([])
-        )
-    )
-    return [a for a in found or [] if isinstance(a, t.CodeAction) and a.data]
-
-
-async def _hover(client: LanguageClient, uri: str, where: t.Position) -> str:
-    hover = await client.text_document_hover_async(
-        t.HoverParams(t.TextDocumentIdentifier(uri), where)
-    )
-    assert hover is not None and isinstance(hover.contents, t.MarkupContent)
-    return hover.contents.value
-
-
 def _change(client: LanguageClient, uri: str, version: int, text: str) -> None:
     client.text_document_did_change(
         t.DidChangeTextDocumentParams(
@@ -134,7 +118,7 @@ async def test_recorded_suggestion_survives_into_a_new_server(
     uri = open_file(client, path, "cuda")
     where = find(text, "scale(", encoding)
 
-    offered = await _actions(client, uri, where)
+    offered = await offered_actions(client, uri, where)
     assert [a.kind for a in offered] == [f"refactor.rewrite.htam.{LOCAL}"]  # 1.05x is no win
     action = offered[0]
     assert action.title.endswith(": 1.84x faster (95 % 1.75-1.93)"), action.title
@@ -154,7 +138,7 @@ async def test_recorded_suggestion_survives_into_a_new_server(
         f"({load_seed('cuda').globals[parent].name} -> {load_seed('cuda').locals[LOCAL].name})"
     ]  # one per file: a step optimizes the whole file
 
-    markdown = await _hover(client, uri, where)
+    markdown = await hover_markdown(client, uri, where)
     name = load_seed("cuda").globals[parent].name
     assert f"**{name}** (chosen)" in markdown
     assert "each input element is loaded by several threads" in markdown  # the local reason
@@ -180,12 +164,12 @@ async def test_recorded_suggestion_survives_into_a_new_server(
     resolved = await client.code_action_resolve_async(action)
     expected = candidate.replace("void scale_launch(", "// launcher\nvoid scale_launch(")
     assert apply_edits(edited, edits_of(resolved.edit, uri), encoding) == expected
-    assert len(await _actions(client, uri, where)) == 1
+    assert len(await offered_actions(client, uri, where)) == 1
 
     # An edit of the kernel itself drops it, and the hover says why.
     _change(client, uri, 3, edited.replace("if (i < n)", "if (i < n && n > 0)"))
-    assert await _actions(client, uri, where) == []
-    assert "no longer apply: the kernel's text changed" in await _hover(client, uri, where)
+    assert await offered_actions(client, uri, where) == []
+    assert "no longer apply: the kernel's text changed" in await hover_markdown(client, uri, where)
 
 
 def _json(position: t.Position) -> dict[str, int]:
