@@ -78,6 +78,15 @@ def test_a_written_first_version_matches_the_reference_at_its_sizes_and_odd_ones
     assert _same(_resized(source, 11 if "GroupNorm" not in name else 12), written, seed=1)
 
 
+def test_a_nan_constant_is_written_as_python() -> None:
+    """torch's xlogy (KL divergence) fills a NaN; `repr` would write the undefined `nan`."""
+    name = "level1_98_KLDivLoss.py"
+    source = (PROBLEMS / name).read_text()
+    written = first_cpp(source, name)
+    assert "float('nan')" in written
+    assert _same(source, written, seed=0)
+
+
 def test_sizes_are_never_written_into_the_cpp() -> None:
     source = _resized((PROBLEMS / "level2_12_Gemm_Multiply_LeakyReLU.py").read_text(), 37)
     written = first_cpp(source, "gemm.py")

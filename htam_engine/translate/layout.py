@@ -8,7 +8,7 @@ from typing import Any
 from torch import fx
 
 from htam_engine.translate.kernels import arguments
-from htam_engine.translate.writer import CannotTranslate, Writer, val
+from htam_engine.translate.writer import CannotTranslate, Writer, py_literal, val
 
 _HUGE = 2**62
 
@@ -90,8 +90,9 @@ def constant(w: Writer, node: fx.Node, op: str) -> None:
     name = w.bind(node, node.name)
     dtype = val(node).dtype
     if op == "full_like":
-        w.line(f"{name} = torch.full_like({w.var(values[0])}, {values[1]!r}, dtype={dtype})")
+        fill = py_literal(values[1])
+        w.line(f"{name} = torch.full_like({w.var(values[0])}, {fill}, dtype={dtype})")
     elif op == "scalar_tensor":
-        w.line(f"{name} = torch.full((), {values[0]!r}, dtype={dtype})")
+        w.line(f"{name} = torch.full((), {py_literal(values[0])}, dtype={dtype})")
     else:
-        w.line(f"{name} = torch.full({tuple(values[0])}, {values[1]!r}, dtype={dtype})")
+        w.line(f"{name} = torch.full({tuple(values[0])}, {py_literal(values[1])}, dtype={dtype})")

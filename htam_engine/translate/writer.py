@@ -179,6 +179,13 @@ def literal(value: Any, ctype_: str) -> str:
     raise CannotTranslate(f"a constant {value!r}")
 
 
+def py_literal(value: Any) -> str:
+    """A Python scalar as Python source (`repr` writes NaN as the undefined name `nan`)."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return f"float({str(value)!r})"
+    return repr(value)
+
+
 def shape_tuple(items: list[str]) -> str:
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
