@@ -93,9 +93,11 @@ class Episode:
         rng: random.Random,
         selector: LocalSelector,
         applicable: dict[str, str | None] | None = None,
+        chosen: GlobalDecision | None = None,
     ) -> Decision:
-        """g_t over the graph's directions, then l_t inside it (the ablations bypass it)."""
-        chosen = self.choose_global(graph, state, rng)
+        """g_t over the graph's directions (unless `chosen` already), then l_t inside it
+        (the ablations bypass it)."""
+        chosen = chosen or self.choose_global(graph, state, rng)
         mode = self.config.mode
         if chosen.chosen_local:  # flat retrieval already picked a strategy
             local = LocalDecision(chosen.chosen_local, "flat retrieval over all strategies")

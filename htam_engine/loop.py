@@ -39,6 +39,7 @@ from htam_engine.llm.limits import BudgetExhausted
 from htam_engine.machine import resolve_device
 from htam_engine.memory import START, Graph, LocalNode, MemoryStore
 from htam_engine.policy import (
+    CONVERGED_AFTER,
     OTHER,
     STOP,
     EvidenceLocalSelector,
@@ -59,6 +60,7 @@ Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
 TRANSLATE = "translate"  # the local id of step 0 when the LLM writes the first version
 LLM_FAILED = "LLM failed: "  # how a step's note starts when the LLM gave no answer
+NAMED_SPENT = "the memory expects nothing more of the named strategies on this task"
 
 
 class RunStopped(Exception):
@@ -296,40 +298,57 @@ class Optimizer:
 
     # -- one step -------------------------------------------------------------------
 
-    def plan(self, number: int) -> Plan | None:
-        """Step `number`'s state and choice, from the best so far (or a plateau base);
-        None when no strategy can run."""
-        current, self.base = self.base or self.referee.best, None
+    def plan(
+        self, number: int, current: Version | None = None, *, named_spent: bool = False
+    ) -> Plan | None:
+        """Step `number`'s state and choice, from `current` (by default the best so far or
+        a plateau base); None when no strategy can run. `named_spent`: the memory expects
+        nothing more of the named strategies, so only the model's own is offered."""
+        if current is None:
+            current, self.base = self.base or self.referee.best, None
         graph = self.store.graph(self.task.backend)
         state = self._state(current)
         applicable = self.runnable.of(graph, state, current.source)
         usable = restrict(graph, applicable)
-        if not usable.globals:  # used up or set aside: the model's own strategy, if any
+        if named_spent or not usable.globals:  # the model's own strategy, if any
             state.features.add(OFFERS_USED_UP)
             applicable = self.runnable.of(graph, state, current.source)
+            if named_spent:
+                applicable = {
+                    lid: why or (None if graph.locals[lid].open_ended else NAMED_SPENT)
+                    for lid, why in applicable.items()
+                }
             usable = restrict(graph, applicable)
         if not usable.globals:
+            if named_spent:
+                raise RunStopped("converged")
             return None
         if "near_limit" in state.features:  # at 90 % or more of the machine's limit
             placed = (current.verdict or Verdict()).roofline
             raise RunStopped(f"at the limit: {roofline.describe(placed)}")
         self._phase(number, "select")
-        decision = self.episode.decide(usable, state, self.rng, self.local_selector, applicable)
+        chosen = self.episode.choose_global(usable, state, self.rng)
+        # mechanical steps cost no LLM call: offline, the run goes on while a strategy fits;
+        # with a model, the memory's "nothing more" withholds only the named strategies
+        if self.provider is not None and not named_spent and predicts_no_gain(chosen, state):
+            if self._own_ideas_spent(graph):
+                raise RunStopped("converged")
+            return self.plan(number, current, named_spent=True)
+        decision = self.episode.decide(
+            usable, state, self.rng, self.local_selector, applicable, chosen=chosen
+        )
         return Plan(current, graph, applicable, state, decision)
 
     def _step(self, number: int) -> Step | None:
         plan = self.plan(number)
         while plan is not None and plan.decision.local_id == OTHER:  # none of it fit
             self.runnable.set_aside.add((plan.decision.global_id, plan.current.source))
-            plan = self.plan(number)
+            plan = self.plan(number, plan.current)
         if plan is None:
             return None
         decision, g, local_id = plan.decision, plan.decision.global_id, plan.decision.local_id
         if local_id == STOP:
             raise RunStopped(f"stop: {decision.local.reason}")
-        # mechanical steps cost no LLM call: offline, the run goes on while a strategy fits
-        if self.provider is not None and predicts_no_gain(decision.global_decision, plan.state):
-            raise RunStopped("converged")
         self.runnable.tried.add((local_id, plan.current.source))
         self._phase(number, "generate", g, local_id)
         made = self._implement_or_fail(number, plan)
@@ -443,6 +462,16 @@ class Optimizer:
     def applicability(self, graph: Graph, current: Version) -> dict[str, str | None]:
         """None for a strategy that can run on `current` now, else the reason it cannot."""
         return self.runnable.of(graph, self._state(current), current.source)
+
+    def _own_ideas_spent(self, graph: Graph) -> bool:
+        """The model's own strategy wrote each of the last `CONVERGED_AFTER` steps, and
+        none was kept: its ideas, too, have stopped paying."""
+        recent = self.steps[-CONVERGED_AFTER:]
+        return len(recent) == CONVERGED_AFTER and all(
+            step.local_id in graph.locals and graph.locals[step.local_id].open_ended
+            and step.status != Status.IMPROVED
+            for step in recent
+        )  # fmt: skip
 
     def _state(self, current: Version) -> State:
         verdict = current.verdict or Verdict()

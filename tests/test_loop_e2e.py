@@ -426,6 +426,48 @@ def test_when_the_model_sets_every_direction_aside_its_own_strategy_is_offered_u
     assert optimizer.plan(1) is None
 
 
+def test_with_a_model_the_memorys_nothing_more_offers_its_own_strategy_before_it_ends(
+    task: Path, tmp_path: Path
+) -> None:
+    """A flat run ended `converged` after 3 of 6 steps, each a mechanical rewrite that lost
+    on a model's GELU: the model never wrote a step. Three named strategies that kept
+    nothing withhold only the named ones; the run ends when three own ideas kept nothing."""
+    from htam_engine.events import Step
+    from htam_engine.llm import ReplayProvider
+    from htam_engine.loop import NAMED_SPENT, LoopConfig, Optimizer, RunStopped
+    from htam_engine.memory import MemoryStore
+    from htam_engine.policy import CONVERGED_AFTER, PolicyConfig
+    from htam_engine.runnable import Runnable
+    from htam_engine.state import PathEntry
+    from htam_engine.task import load_task
+    from htam_engine.vocabulary import Status
+
+    loaded = load_task(task)
+    store = MemoryStore(tmp_path / "home")
+    config = LoopConfig(steps=6, device="cpu", policy=PolicyConfig(mode="flat"))
+    cassette = tmp_path / "never-asked.jsonl"  # flat: no choice to ask
+    cassette.write_text("")
+    provider = ReplayProvider(cassette)
+    optimizer = Optimizer(loaded, loaded.impl_source or "", provider=provider, store=store,
+                          config=config)  # fmt: skip
+    optimizer.runnable = Runnable(llm=True)
+    named = [lid for lid, node in store.graph("cpu").locals.items() if not node.open_ended]
+    optimizer.episode.path = [PathEntry("x", lid, Status.NOT_IMPROVED) for lid in named[:3]]
+    plan = optimizer.plan(1)
+    assert plan is not None
+    assert (plan.decision.global_id, plan.decision.local_id) == ("open_direction", "own_strategy")
+    assert NAMED_SPENT in plan.applicable.values()  # fitting named ones say why not
+
+    def own(number: int) -> Step:
+        return Step(number, "open_direction", "own_strategy", "", Status.NOT_IMPROVED, 0.0, 0.9)
+
+    optimizer.steps = [own(k) for k in range(1, CONVERGED_AFTER)]
+    assert optimizer.plan(CONVERGED_AFTER) is not None, "two own ideas are not yet enough"
+    optimizer.steps.append(own(CONVERGED_AFTER))
+    with pytest.raises(RunStopped, match="converged"):
+        optimizer.plan(CONVERGED_AFTER + 1)
+
+
 def test_code_slower_than_pytorch_is_marked_behind_and_a_failing_judge_says_why(
     task: Path, tmp_path: Path
 ) -> None:

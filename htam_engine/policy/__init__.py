@@ -2,6 +2,7 @@
 
 from htam_engine.decisions import Candidate, EdgeTerm, GlobalDecision, LocalDecision, PrefixWeight
 from htam_engine.policy.global_select import (
+    CONVERGED_AFTER,
     MODES,
     PolicyConfig,
     make_prefix,
@@ -24,6 +25,7 @@ __all__ = [
     "MODES",
     "OTHER",
     "STOP",
+    "CONVERGED_AFTER",
     "predicts_no_gain",
     "unfit",
     "NoApplicableStrategy",
