@@ -136,6 +136,7 @@ def verdict(kind: str, excerpt: str = "", checks: list[dict[str, Any]] | None = 
         ("compile_error", True),
         ("runtime_error", True),
         ("incorrect", True),
+        ("not_custom_kernel", True),
         ("timeout", False),
         ("cheating", False),
         ("oom", False),

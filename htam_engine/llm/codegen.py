@@ -21,9 +21,18 @@ from htam_engine.llm.extract import extract_candidate
 from htam_engine.llm.limits import BudgetExhausted
 from htam_engine.llm.prompts import QUOTED, fence_block, repair_prompt
 
-# Verdict error kinds a repair turn can fix: the code ran into a visible, local fault.
+# Verdict error kinds a repair turn can fix: the code ran into a visible, local fault, or
+# broke a static rule at a named line (a model's first KL divergence called
+# `torch.broadcast_tensors` in a side branch, and its run ended with every step left).
 # Not timeouts, OOM or cheating: those need another strategy, not a patch.
-REPAIRABLE = frozenset({ErrorKind.COMPILE_ERROR, ErrorKind.RUNTIME_ERROR, ErrorKind.INCORRECT})
+REPAIRABLE = frozenset(
+    {
+        ErrorKind.COMPILE_ERROR,
+        ErrorKind.RUNTIME_ERROR,
+        ErrorKind.INCORRECT,
+        ErrorKind.NOT_CUSTOM_KERNEL,
+    }
+)
 MAX_FAILED_CHECKS = 8
 
 
