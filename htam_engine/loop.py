@@ -54,7 +54,14 @@ from htam_engine.state import State
 from htam_engine.strategies.plateau import plateau_base
 from htam_engine.task import Task
 from htam_engine.triton_backend import CORRECTNESS_ONLY
-from htam_engine.vocabulary import BEHIND_REFERENCE, NOTHING_APPLIES, OFFERS_USED_UP, Status
+from htam_engine.vocabulary import (
+    BEHIND_REFERENCE,
+    LARGE_OUTPUT,
+    LARGE_OUTPUT_BYTES,
+    NOTHING_APPLIES,
+    OFFERS_USED_UP,
+    Status,
+)
 
 Emit = Callable[[events.Event], None]
 TRAJECTORIES = "trajectories"
@@ -221,7 +228,7 @@ class Optimizer:
         self.runnable = Runnable.excluding(provider is not None, config.exclude)
         self.base: Version | None = None  # a plateau candidate the next step starts from
         self.clock = PhaseClock(recorded_step_seconds(store.items(TRAJECTORIES), task.name))
-        self.shapes: tuple[str, ...] | None = None  # the task's inputs, for prompts
+        self.sizing: sizes.Estimate | None = None  # the task's inputs and outputs
 
     # -- the loop -------------------------------------------------------------------
 
@@ -479,6 +486,8 @@ class Optimizer:
         features = parsing.features(current.source, self.task.backend) | set(light)
         if verdict.interval and verdict.interval.high < 1.0:  # PyTorch, confirmed faster
             features.add(BEHIND_REFERENCE)
+        if (self._sizing().outputs or 0) >= LARGE_OUTPUT_BYTES:
+            features.add(LARGE_OUTPUT)
         if "loop vectorized" in verdict.vectorizer:  # GCC did, though no SIMD is written
             features.discard("no_simd")
         state = self.episode.state(
@@ -530,11 +539,16 @@ class Optimizer:
 
     def _facts(self, current: Version | None = None) -> str:
         """The prompt's facts; `current`, the version the step starts from."""
-        if self.shapes is None:  # the judge's sizing, kept by content: asked once a run
-            self.shapes = sizes.estimate(self.task, self.config.device).shapes
         shown = _tie_shown(current, self.referee.best)
-        return implement.facts(self.task, *self._incumbents(), shapes=self.shapes, shown=shown,
+        shapes = self._sizing().shapes
+        return implement.facts(self.task, *self._incumbents(), shapes=shapes, shown=shown,
                                code=current.verdict if current else None)  # fmt: skip
+
+    def _sizing(self) -> sizes.Estimate:
+        """The judge's sizing of the task, kept by content: asked once a run."""
+        if self.sizing is None:
+            self.sizing = sizes.estimate(self.task, self.config.device)
+        return self.sizing
 
     def _times(self, current: Version) -> str:
         return llm_facts.times_text(*self._incumbents(), _tie_shown(current, self.referee.best))

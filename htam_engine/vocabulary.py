@@ -267,12 +267,17 @@ OFFERS_USED_UP = "offers_used_up"
 # below 1): PyTorch's time proves it is not at its limit, so a chooser is not offered
 # `stop` (a model stopped an L2 norm at 0.87x PyTorch, "already at its limit").
 BEHIND_REFERENCE = "behind_reference"
+# The outputs reach LARGE_OUTPUT_BYTES by the judge's sizing (no core's L2 is larger): a
+# store-side strategy has something to stream (a hinge loss, whose output is one float,
+# was offered streaming stores).
+LARGE_OUTPUT = "large_output"
+LARGE_OUTPUT_BYTES = 2 * 2**20
 
 
 def state_tags(backend: Backend) -> frozenset[str]:
     """Every tag a state of `backend` can carry: what a seed trigger may name."""
     tags = FEATURE_TAGS[backend] | FEEDBACK_TAGS | set(FAMILIES) | TIMING_TAGS | ROOFLINE_TAGS
-    return tags | {backend, OFFERS_USED_UP, BEHIND_REFERENCE}
+    return tags | {backend, OFFERS_USED_UP, BEHIND_REFERENCE, LARGE_OUTPUT}
 
 
 # atol = rtol by output dtype, KernelBench's `get_tolerance_for_precision`

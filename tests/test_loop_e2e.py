@@ -468,6 +468,30 @@ def test_with_a_model_the_memorys_nothing_more_offers_its_own_strategy_before_it
         optimizer.plan(CONVERGED_AFTER + 1)
 
 
+@pytest.mark.parametrize(("forward", "large"), [("x * 2", True), ("x.sum()", False)])
+def test_an_output_large_enough_to_stream_is_a_state_tag(
+    tmp_path: Path, forward: str, large: bool
+) -> None:
+    """From the judge's sizing: a 4 MiB output is `large_output`, a loss's one float not."""
+    from htam_engine.loop import LoopConfig, Optimizer
+    from htam_engine.memory import MemoryStore
+    from htam_engine.task import load_task
+    from htam_engine.vocabulary import LARGE_OUTPUT
+
+    problem = tmp_path / "problem.py"
+    problem.write_text(
+        "import torch\n\nclass Model(torch.nn.Module):\n"
+        f"    def forward(self, x):\n        return {forward}\n\n"
+        "def get_inputs():\n    return [torch.rand(1024, 1024)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    optimizer = Optimizer(load_task(problem), "", provider=None,
+                          store=MemoryStore(tmp_path / "home"),
+                          config=LoopConfig(steps=1, device="cpu"))  # fmt: skip
+    state = optimizer._state(optimizer.referee.start)
+    assert (LARGE_OUTPUT in state.features) is large
+
+
 def test_code_slower_than_pytorch_is_marked_behind_and_a_failing_judge_says_why(
     task: Path, tmp_path: Path
 ) -> None:
