@@ -12,6 +12,7 @@ from htam_engine.events import Step
 from htam_engine.llm import facts, generation_prompt, translation_prompt
 from htam_engine.llm.prompts import BUDGET
 from htam_engine.llm.tokens import count_tokens
+from htam_engine.vocabulary import OTHER_SHARE, WIDE_MAGNITUDE
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 LINEAR = (EXAMPLES / "linear_relu" / "reference.py").read_text()
@@ -68,6 +69,8 @@ def test_the_facts_block_states_what_an_engineer_asks_first() -> None:
     )
     assert "relative L2 error at most 0.0001 (float32)" in text and "16x the PyTorch" in text
     assert "may be done once in __init__" in text
+    assert f"|x| = {WIDE_MAGNITUDE:g} with both signs" in text  # what wider.py runs
+    assert f"near {OTHER_SHARE:.0%} of it" in text and "`shape_only`" in text
     assert "-shared -fPIC -std=c++17" in text and "caches by source and flags" in text
     assert "outputs are copied out right after, inside the timed call" in text
     assert count_tokens(text) <= BUDGET["facts"]

@@ -24,12 +24,10 @@ import torch
 
 from htam_engine.evaluate import common
 from htam_engine.literals import int_literal
+from htam_engine.vocabulary import MIN_SIZE, OTHER_SHARE, WIDE_MAGNITUDE
 
 WIDE = "verify.wide_values"
 DETERMINISTIC = "verify.deterministic"
-WIDE_MAGNITUDE = 100.0
-MIN_SIZE = 8
-OTHER_SHARE = 0.75
 OTHER_SINGLES = 3  # sizes tried alone when changing them all at once fails
 Outputs = list[torch.Tensor]
 _rng = secrets.SystemRandom()

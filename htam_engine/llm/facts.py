@@ -22,7 +22,15 @@ from htam_engine.evaluate.verdict import Limits, Verdict
 from htam_engine.events import Step
 from htam_engine.formatting import format_bounded, format_speedup
 from htam_engine.llm.prompts import QUOTED, fence_block
-from htam_engine.vocabulary import PRECISION_FACTOR, PRECISION_FLOORS, TOLERANCES, Status
+from htam_engine.vocabulary import (
+    MIN_SIZE,
+    OTHER_SHARE,
+    PRECISION_FACTOR,
+    PRECISION_FLOORS,
+    TOLERANCES,
+    WIDE_MAGNITUDE,
+    Status,
+)
 
 # atol = rtol per dtype, as `evaluate.common.tolerance` (a test keeps the two equal).
 REFUSED = "not kept (not clearly faster than the best)"
@@ -33,11 +41,15 @@ CHECKS = (
     "Correctness: {sets} fresh random input sets (seeds your code never sees) against the "
     "reference, atol = rtol by output dtype ({tolerances}; integers exact), plus a "
     "precision check against a float64 reference: relative L2 error at most {precision} "
-    "or {factor:g}x the PyTorch reference's own, whichever is more (float32 work done in "
-    "half precision fails even inside the tolerance); inputs must stay unchanged; outputs "
-    "must be fresh "
+    "or {factor:g}x the PyTorch reference's own error against it, whichever is more "
+    "(float32 work done in half precision fails even inside the tolerance); inputs must "
+    "stay unchanged; outputs must be fresh "
     "tensors of the reference's shapes and dtypes, without NaN/Inf; some timed calls' "
-    "outputs are checked too.\n"
+    "outputs are checked too. Beyond the task's inputs: one set scaled to reach |x| = "
+    "{wide:g} with both signs (exp overflows float32 past 88.7), the first set again "
+    "(bit-identical outputs), and one set at other sizes (each module-level size of at "
+    "least {min_size} made odd, near {share:.0%} of it): code right only at the task's "
+    "sizes is marked `shape_only`.\n"
     "`cheating` (the worst outcome): calling the reference or torch to produce the output, "
     "cached or precomputed outputs, reading the judge's data, side threads or streams "
     "that hide work, tampering with timing. `not_custom_kernel`: a PyTorch/library op "
@@ -396,6 +408,9 @@ def facts_block(
         tolerances=_tolerances(),
         precision=_precision_floors(),
         factor=PRECISION_FACTOR,
+        wide=WIDE_MAGNITUDE,
+        min_size=MIN_SIZE,
+        share=OTHER_SHARE,
         allowed=", ".join(allowed) or "none",
     )
     parts = [machine_text(backend, threads), checks, task_text(reference, shapes), SYNC]
