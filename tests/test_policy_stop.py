@@ -69,6 +69,27 @@ def test_another_direction_may_be_asked_for_and_sets_this_one_aside(
     assert runnable.why_not(node, state([]), "other code") != why
 
 
+def test_the_models_own_strategy_alone_offers_no_other_direction(
+    server: ScriptedAPIServer,
+) -> None:
+    """Offered only its own strategy (nothing named left), a capable model answered
+    "other_direction" for "a memory-oriented direction", and its GELU run ended "no
+    applicable strategy" with 5 of 6 steps left: there is no other direction to ask for."""
+    from htam_engine.vocabulary import OFFERS_USED_UP
+
+    server.script(Reply(text='{"local": "own_strategy", "reason": "stream the output"}'))
+    selector = LLMLocalSelector(sdk_provider("openai", server))
+    spent = state([PathEntry("open_direction", "own_strategy", "not_improved")])
+    spent.features.add(OFFERS_USED_UP)
+    decision = selector.choose(load_seed("cpu"), "open_direction", spent, {})
+    assert decision.local_id == "own_strategy"
+    sent = server.requests[0].body
+    enum = sent["response_format"]["json_schema"]["schema"]["properties"]["local"]["enum"]
+    assert OTHER not in enum and STOP in enum
+    assert "No other direction is left" in sent["messages"][1]["content"]
+    assert "other_direction" not in sent["messages"][1]["content"]
+
+
 def test_stop_is_not_offered_before_the_first_step(server: ScriptedAPIServer) -> None:
     server.script(Reply(text='{"local": "stop", "reason": "lazy"}'))
     selector = LLMLocalSelector(sdk_provider("openai", server))

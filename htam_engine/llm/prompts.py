@@ -85,6 +85,12 @@ OTHER_NOTE = (
     '"local": this direction is set aside for the current code and another is chosen.'
 )
 
+LAST_NOTE = (
+    "No other direction is left: every named strategy was tried, set aside or is expected "
+    "to gain nothing here. Any change you judge promising (memory traffic, layout, "
+    "algorithm, arithmetic) is your own strategy."
+)
+
 
 def _section(title: str, body: str) -> str:
     return f"## {title}\n{body.strip()}\n"
@@ -241,11 +247,13 @@ def local_selection_prompt(
     candidates: Sequence[tuple[str, str]],
     *,
     may_stop: bool = False,
+    may_leave: bool = True,
     behind: bool = False,
     facts: str = "",
     current_code: str = "",
 ) -> tuple[str, str]:
-    """(system, prompt) asking which local strategy to apply, answered as JSON.
+    """(system, prompt) asking which local strategy to apply, answered as JSON;
+    `may_leave`: another direction is left to ask for (`other_direction`).
 
     Shows the state, the times and limits the code prompt shows (`facts`), the current
     code (cut to its budget), the chosen global node's memory (`GlobalNode.prompt_text()`)
@@ -279,9 +287,9 @@ def local_selection_prompt(
             _section("Candidate strategies", listed),
             "Valid ids: "
             + ", ".join([local_id for local_id, _ in candidates[:MAX_CANDIDATES]])
-            + ", other_direction"
+            + (", other_direction" if may_leave else "")
             + (", stop" if may_stop else ""),
-            OTHER_NOTE,
+            OTHER_NOTE if may_leave else LAST_NOTE,
             *([STOP_NOTE] if may_stop else []),
             *([BEHIND_NOTE] if behind else []),
             'Answer with one JSON object: {"local": one of the valid ids, "reason": one line}',

@@ -43,8 +43,8 @@ def _shown(node: LocalNode, state: State) -> str:
 
 class LLMLocalSelector:
     """Shows the LLM the state, the chosen direction and its runnable strategies only
-    (those that fit the kernel); it may ask for another direction (`OTHER`), and after
-    the first step answer `stop`."""
+    (those that fit the kernel); it may ask for another direction (`OTHER`) where one is
+    left, and after the first step answer `stop`."""
 
     def __init__(self, provider: Provider, fallback: EvidenceLocalSelector | None = None) -> None:
         self.provider = provider
@@ -58,16 +58,19 @@ class LLMLocalSelector:
         runnable = [lid for lid, score, _ in ranked.ranking if score != -math.inf]
         # once there is a result to keep, and not while PyTorch is confirmed faster
         may_stop = bool(state.path) and BEHIND_REFERENCE not in state.features
+        # the model's own strategy is offered alone, when nothing named is left to ask for
+        may_leave = not all(graph.locals[lid].open_ended for lid in runnable)
         system, prompt = local_selection_prompt(
             state.describe(),
             graph.globals[global_id].prompt_text(),
             [(lid, _shown(graph.locals[lid], state)) for lid in runnable],
             may_stop=may_stop,
+            may_leave=may_leave,
             behind=BEHIND_REFERENCE in state.features,
             facts=state.facts,
             current_code=state.code,
         )
-        answers = [*runnable, OTHER, *([STOP] if may_stop else [])]
+        answers = [*runnable, *([OTHER] if may_leave else []), *([STOP] if may_stop else [])]
         try:
             completion = self.provider.complete(
                 system, prompt, purpose="local", schema=choice_schema(answers)
