@@ -574,6 +574,8 @@ def describe(roofline: Placement | Unplaced | None, short: bool = False) -> str:
         text += f" ({got:.3g} of {limit:.3g} {unit})"
     if over_told(roofline):
         text += " - the harness's share was told too high on a busy machine"
+    elif fewer_specials(roofline):
+        text += " - fewer special functions than the reference computes"
     return text + (" - faster than light" if roofline.faster_than_light else "")
 
 
@@ -591,12 +593,21 @@ def _held_to(roofline: Placement) -> tuple[str, float, float, str]:
 
 def tags(roofline: Placement | Unplaced | None) -> list[str]:
     """State tags: `memory_bound` / `compute_bound` (special functions are arithmetic too),
-    and `near_limit` at 90 % or more, unless the harness's share was told too high."""
+    and `near_limit` at 90 % or more, unless the harness's share was told too high or the
+    code computes fewer special functions than the reference's count."""
     if not isinstance(roofline, Placement):
         return []
     found = ["memory_bound" if roofline.bound == "memory" else "compute_bound"]
     near = roofline.fraction >= NEAR_LIMIT and not over_told(roofline)
-    return found + (["near_limit"] if near else [])
+    return found + (["near_limit"] if near and not fewer_specials(roofline) else [])
+
+
+def fewer_specials(roofline: Placement) -> bool:
+    """Past 100 % of the special-function limit: the code computes fewer of them than the
+    reference's count (one log of a ratio for a KL divergence's two logs), so that count
+    is no limit of its own (a model's first KL divergence was stopped "at 105 % of this
+    core's exp throughput" with every step left)."""
+    return roofline.bound == "special" and roofline.fraction > 1.0
 
 
 def over_told(roofline: Placement) -> bool:

@@ -183,6 +183,9 @@ def test_the_floor_is_the_largest_of_bytes_flops_and_special_functions() -> None
     assert placed is not None and placed.special_gops == 2.0
     assert roofline.describe(placed) == "at 95 % of this core's exp throughput (1.9 of 2 Gexp/s)"
     assert roofline.tags(placed) == ["compute_bound", "near_limit"]
+    fewer = roofline.place(work, bound, runtime_ms=MIB / 2e9 * 1e3 / 1.05)
+    assert fewer is not None and roofline.tags(fewer) == ["compute_bound"]  # one log of two
+    assert roofline.describe(fewer).endswith("fewer special functions than the reference computes")
     older = MachineLimits.from_json(
         {k: v for k, v in _limits().to_json().items() if k != "special_gops"}
     )
