@@ -52,6 +52,21 @@ def test_torch_modules_may_build_parameters_in_init_but_not_compute():
     assert "static.torch_compute" in failed_source(computing)
 
 
+def test_broadcasting_in_forward_is_no_computation():
+    """A capable model's first KL divergence and hinge loss broadcast their inputs before
+    the kernel (`torch.broadcast_tensors`, `torch.broadcast_shapes`): views and shapes,
+    which the prompt now names as allowed; both first versions were refused."""
+    source = (REPO / "examples" / "linear_relu" / "cpu_naive.py").read_text()
+    broadcasting = source.replace(
+        "def forward(self, x: torch.Tensor) -> torch.Tensor:",
+        "def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+        "        shape = torch.broadcast_shapes(x.shape, x.shape)\n"
+        "        x, _ = torch.broadcast_tensors(x, torch.broadcast_to(x, shape))",
+    )
+    assert broadcasting != source
+    assert "static.torch_compute" not in failed_source(broadcasting)
+
+
 def test_reference_use_and_side_streams_are_flagged():
     source = (
         "import torch\nfrom reference import Model\nclass ModelNew(Model):\n"

@@ -29,6 +29,8 @@ LAYOUT_OPS = frozenset(
         "transpose",
         "t",
         "expand",
+        "broadcast_to",
+        "broadcast_tensors",
         "to",
         "clone",
         "detach",

@@ -42,6 +42,7 @@ ALLOWED_TORCH = (
         "device",
         "dtype",
         "Size",
+        "broadcast_shapes",
         "manual_seed",
         "no_grad",
         "inference_mode",

@@ -53,7 +53,10 @@ CHECKS = (
     "`cheating` (the worst outcome): calling the reference or torch to produce the output, "
     "cached or precomputed outputs, reading the judge's data, side threads or streams "
     "that hide work, tampering with timing. `not_custom_kernel`: a PyTorch/library op "
-    "does the main work (allowed ops: {allowed})."
+    "does the main work (allowed ops: {allowed}); in ModelNew, torch may only allocate, "
+    "view, reshape, broadcast, copy or cast tensors (torch.empty, .view, .contiguous, "
+    ".expand, .float), read sizes and pointers (.size(), .numel(), .data_ptr()) and draw "
+    "random numbers; any other torch call there is refused."
 )
 SYNC = (
     "Parameters: `ModelNew(*get_init_inputs())` is built right after "
