@@ -251,12 +251,16 @@ class LocalNode:
         ]
         best = self.example(family)
         if best is not None:
-            lines.append(f"Worked: {best.task_signature} {_fmt_speedup(best.speedup)}")
+            lines.append(
+                f"Worked before (memory): {best.task_signature} {_fmt_speedup(best.speedup)}"
+            )
         for bad in self.evidence_negative[:2]:
             label = "No gain" if bad.status == Status.NOT_IMPROVED else "Failed"
             ratio = f" ({bad.speedup:.2f}x the best)" if bad.speedup else ""
             note = f": {_clip(bad.note, 120)}" if bad.note else ""
-            lines.append(f"{label}: {bad.status}{ratio} on {bad.task_signature}{note}")
+            lines.append(
+                f"{label} before (memory): {bad.status}{ratio} on {bad.task_signature}{note}"
+            )
         return _clip("\n".join(lines), LOCAL_PROMPT_CHARS)
 
     def to_json(self) -> dict[str, Any]:
