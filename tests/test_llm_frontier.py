@@ -122,3 +122,31 @@ def test_no_strategy_that_is_a_no_op_on_the_models_intrinsics_is_offered(cassett
             assert fits == (needed in tags), (strategy, sorted(tags))
         if "hand_vectorized" in tags:
             assert graph.locals["fast_math_flags"].fits("reduction", tags) is not None
+
+
+@pytest.mark.parametrize("cassette", CASSETTES, ids=lambda c: c.stem)
+def test_the_models_own_strategy_alone_comes_without_another_direction(cassette: Path) -> None:
+    """A model offered only its own strategy answered `other_direction` and its run ended
+    "no applicable strategy" with 5 of 6 steps left."""
+    for call in calls(cassette):
+        for valid in VALID.findall(call["prompt"]) if call["purpose"] == "local" else []:
+            ids = {i.strip() for i in valid.split(",")}
+            if ids - {"stop", "other_direction"} == {"own_strategy"}:
+                assert "other_direction" not in ids, valid
+
+
+@pytest.mark.parametrize("cassette", CASSETTES, ids=lambda c: c.stem)
+def test_code_prompts_say_what_is_verified_beyond_the_tasks_inputs(cassette: Path) -> None:
+    """A model asked whether extremes and other sizes are tested."""
+    for call in calls(cassette):
+        if call["purpose"] in CODE:
+            assert "Beyond the task's inputs: one set scaled to reach |x|" in call["prompt"]
+
+
+def test_a_loss_whose_output_is_one_float_is_not_offered_streaming_stores() -> None:
+    """Both answerers were offered streaming stores for a hinge loss, twice."""
+    losses = [c for c in CASSETTES if "Loss" in c.stem]
+    assert losses
+    for cassette in losses:
+        offered = " ".join(c["prompt"] for c in calls(cassette) if c["purpose"] != "translate")
+        assert "streaming_stores" not in offered, cassette.stem
