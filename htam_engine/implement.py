@@ -57,9 +57,11 @@ def with_llm(
     local_text: str,
     candidates: int = 1,
     purpose: str = "generate",
+    facts_text: str = "",
 ) -> Implemented:
     """`candidates` answers to `prompt` (system, user), each measured and given one repair
-    turn on a repairable failure; the fastest correct version wins."""
+    turn on a repairable failure (told `facts_text`, as the prompt); the fastest correct
+    version wins."""
     before = provider.usage.copy()
     language, entry = language_of(task)
     system, user = prompt
@@ -75,6 +77,7 @@ def with_llm(
             local_text=local_text,
             language=language,
             entry=entry,
+            facts=facts_text,
         )
         for first in firsts
     ]
@@ -124,7 +127,7 @@ def first_version(provider: Provider, task: Task, facts_text: str, measure: Meas
     prompt = first_version_prompt(task, facts_text)
     local_text = "a first, correct custom-kernel version of the reference"
     return with_llm(provider, prompt, measure, task=task, local_text=local_text,
-                    purpose="translate")  # fmt: skip
+                    purpose="translate", facts_text=facts_text)  # fmt: skip
 
 
 def next_version_prompt(

@@ -528,14 +528,16 @@ class Optimizer:
             return implement.mechanical(node.mechanical, current, measure)
         assert self.provider is not None  # the rest are inapplicable offline
         family = self.episode.family
+        facts_text = self._facts(plan.current)
         prompt = implement.next_version_prompt(self.task, node, family=family,
                                                signature=self.episode.signature,
                                                current=current, steps=self.steps,
-                                               facts_text=self._facts(plan.current),
+                                               facts_text=facts_text,
                                                reason=plan.decision.local.reason)  # fmt: skip
         return implement.with_llm(self.provider, prompt, measure, task=self.task,
                                   local_text=node.prompt_text(family),
-                                  candidates=self.config.candidates)  # fmt: skip
+                                  candidates=self.config.candidates,
+                                  facts_text=facts_text)  # fmt: skip
 
     def _facts(self, current: Version | None = None) -> str:
         """The prompt's facts; `current`, the version the step starts from."""

@@ -175,6 +175,7 @@ def test_the_repair_turn_shows_the_failure_and_asks_for_a_fixed_file(
         verdict=verdict("compile_error", log),
         local_text="Shared-memory tiling",
         language="python",
+        facts="in ModelNew, torch may only allocate, view, reshape",
     )
     assert fixed.code == MODEL_NEW.format(n=2) and fixed.purpose == "repair"
     body = server.requests[0].body
@@ -182,6 +183,7 @@ def test_the_repair_turn_shows_the_failure_and_asks_for_a_fixed_file(
     prompt = body["messages"][-1]["content"]
     assert 'identifier "blockDimx" is undefined' in prompt and failed.strip() in prompt
     assert "Shared-memory tiling" in prompt
+    assert "## Facts\nin ModelNew, torch may only allocate" in prompt  # the rules a fix keeps
     assert count_tokens(prompt) < count_tokens(log) // 10
     assert count_tokens(prompt) < sum(BUDGET.values())
 

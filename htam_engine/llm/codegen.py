@@ -143,10 +143,11 @@ def repair(
     local_text: str,
     language: str,
     entry: str | None = None,
+    facts: str = "",
 ) -> Generated:
     """The one repair turn: the failed code and its failure in, a fixed file out."""
     system, prompt = repair_prompt(
-        task_source, failed_code, failure_text(verdict), local_text, language
+        task_source, failed_code, failure_text(verdict), local_text, language, facts
     )
     return generate(provider, system, prompt, language, entry=entry, purpose="repair")
 
@@ -190,6 +191,7 @@ def attempt(
     language: str,
     entry: str | None = None,
     repair_turn: bool = True,
+    facts: str = "",
 ) -> Attempt:
     """Evaluate `first` (from `generate`), and on a repairable failure ask once for a fix
     and evaluate that. A repair that cannot be asked (budget spent, LLM down) or gives
@@ -208,6 +210,7 @@ def attempt(
             local_text=local_text,
             language=language,
             entry=entry,
+            facts=facts,
         )
     except LLMError as error:
         return Attempt(first.code, verdict, "", (first,), f"no repair turn: {error}")

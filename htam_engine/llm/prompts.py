@@ -188,15 +188,23 @@ def generation_system(language: str) -> str:
 
 
 def repair_prompt(
-    task_source: str, failed_code: str, failure: str, local_text: str, language: str
+    task_source: str,
+    failed_code: str,
+    failure: str,
+    local_text: str,
+    language: str,
+    facts: str = "",
 ) -> tuple[str, str]:
     """(system, prompt) asking once more for the same strategy, fixed after `failure`
-    (the compiler's excerpt or the verifier's mismatch, cut to its budget)."""
+    (the compiler's excerpt or the verifier's mismatch, cut to its budget), with the
+    code prompt's `facts` (the rules a fix must keep: a refused torch call's repair
+    was asked without them)."""
     if language not in LANGUAGES:
         raise ValueError(f"language must be one of {', '.join(LANGUAGES)}, not {language!r}")
     fence = LANGUAGES[language]
     parts = [
         _section("Task (the PyTorch reference)", _fenced(task_source, "python", BUDGET["task"])),
+        *([_section("Facts", truncate_tokens(facts, BUDGET["facts"]))] if facts else []),
         _section("Strategy being applied", truncate_tokens(local_text, BUDGET["local"])),
         _section("Your last implementation", _fenced(failed_code, fence, BUDGET["code"])),
         _section("Why it failed", _fenced(failure, "", BUDGET["failure"])),
