@@ -305,30 +305,15 @@ class Optimizer:
 
     # -- one step -------------------------------------------------------------------
 
-    def plan(
-        self, number: int, current: Version | None = None, *, named_spent: bool = False
-    ) -> Plan | None:
+    def plan(self, number: int, current: Version | None = None) -> Plan | None:
         """Step `number`'s state and choice, from `current` (by default the best so far or
-        a plateau base); None when no strategy can run. `named_spent`: the memory expects
-        nothing more of the named strategies, so only the model's own is offered."""
+        a plateau base); None when no strategy can run."""
         if current is None:
             current, self.base = self.base or self.referee.best, None
         graph = self.store.graph(self.task.backend)
         state = self._state(current)
-        applicable = self.runnable.of(graph, state, current.source)
-        usable = restrict(graph, applicable)
-        if named_spent or not usable.globals:  # the model's own strategy, if any
-            state.features.add(OFFERS_USED_UP)
-            applicable = self.runnable.of(graph, state, current.source)
-            if named_spent:
-                applicable = {
-                    lid: why or (None if graph.locals[lid].open_ended else NAMED_SPENT)
-                    for lid, why in applicable.items()
-                }
-            usable = restrict(graph, applicable)
+        applicable, usable = self._offers(graph, state, current.source)
         if not usable.globals:
-            if named_spent:
-                raise RunStopped("converged")
             return None
         if "near_limit" in state.features:  # at 90 % or more of the machine's limit
             placed = (current.verdict or Verdict()).roofline
@@ -337,14 +322,35 @@ class Optimizer:
         chosen = self.episode.choose_global(usable, state, self.rng)
         # mechanical steps cost no LLM call: offline, the run goes on while a strategy fits;
         # with a model, the memory's "nothing more" withholds only the named strategies
-        if self.provider is not None and not named_spent and predicts_no_gain(chosen, state):
-            if self._own_ideas_spent(graph):
+        if self.provider is not None and predicts_no_gain(chosen, state):
+            spent = self._own_ideas_spent(graph)
+            if not spent:
+                applicable, usable = self._offers(graph, state, current.source, own_only=True)
+            if spent or not usable.globals:
                 raise RunStopped("converged")
-            return self.plan(number, current, named_spent=True)
+            chosen = self.episode.choose_global(usable, state, self.rng)
         decision = self.episode.decide(
             usable, state, self.rng, self.local_selector, applicable, chosen=chosen
         )
         return Plan(current, graph, applicable, state, decision)
+
+    def _offers(
+        self, graph: Graph, state: State, source: str, *, own_only: bool = False
+    ) -> tuple[dict[str, str | None], Graph]:
+        """Why each strategy cannot run now (None: it can), and the graph of those that
+        can; the model's own strategy where nothing named is left, or `own_only`."""
+        applicable = self.runnable.of(graph, state, source)
+        usable = restrict(graph, applicable)
+        if own_only or not usable.globals:
+            state.features.add(OFFERS_USED_UP)
+            applicable = self.runnable.of(graph, state, source)
+            if own_only:
+                applicable = {
+                    lid: why or (None if graph.locals[lid].open_ended else NAMED_SPENT)
+                    for lid, why in applicable.items()
+                }
+            usable = restrict(graph, applicable)
+        return applicable, usable
 
     def _step(self, number: int) -> Step | None:
         plan = self.plan(number)

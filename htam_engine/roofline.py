@@ -598,8 +598,9 @@ def tags(roofline: Placement | Unplaced | None) -> list[str]:
     if not isinstance(roofline, Placement):
         return []
     found = ["memory_bound" if roofline.bound == "memory" else "compute_bound"]
-    near = roofline.fraction >= NEAR_LIMIT and not over_told(roofline)
-    return found + (["near_limit"] if near and not fewer_specials(roofline) else [])
+    near = roofline.fraction >= NEAR_LIMIT
+    past = over_told(roofline) or fewer_specials(roofline)
+    return found + (["near_limit"] if near and not past else [])
 
 
 def fewer_specials(roofline: Placement) -> bool:

@@ -292,10 +292,10 @@ TOLERANCES = {"float64": 1e-7, "float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-
 # the reference's own error in that dtype, whichever is more. Absent: no check
 # (half-precision outputs, integers). The judge and the prompts read this.
 PRECISION_FLOORS = {"float32": 1e-4, "float64": 1e-10}
+PRECISION_FACTOR = 16.0
 # Verification beyond the task's inputs (evaluate/wider.py), as the judge runs it and the
 # prompts state it: floating inputs scaled to reach |x| = WIDE_MAGNITUDE, and one input
 # set with each module-level size of at least MIN_SIZE made odd, near OTHER_SHARE of it.
 WIDE_MAGNITUDE = 100.0
 MIN_SIZE = 8
 OTHER_SHARE = 0.75
-PRECISION_FACTOR = 16.0
